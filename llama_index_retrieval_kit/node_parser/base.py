@@ -1,0 +1,211 @@
+"""Shared machinery of the section-aware node parsers: sections, tokens, nodes, serialisation."""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from llama_index.core.bridge.pydantic import Field, PrivateAttr, model_validator
+from llama_index.core.node_parser.interface import NodeParser
+from llama_index.core.schema import BaseNode, Document, NodeRelationship, RelatedNodeInfo, TextNode
+from llama_index.core.utils import get_tqdm_iterable
+
+from ..models import DEFAULT_EMBED_MODEL
+from .metadata import chunk_metadata, excluded_keys
+from .sections import HeadingRules, Section, compile_patterns, detect_headings, headings_from_outline, split_sections
+from .tokenization import TokenSpanFn, token_span_fn
+from .windows import Window, plan_windows
+
+
+@dataclass(frozen=True)
+class DocumentTokens:
+    """A document's text with its token spans, sliceable by character range."""
+
+    text: str
+    spans: List[tuple]
+    starts: List[int]
+
+    @classmethod
+    def build(cls, text: str, span_fn: TokenSpanFn) -> "DocumentTokens":
+        spans = span_fn(text)
+        return cls(text, spans, [s for s, _ in spans])
+
+    def windows(self, start: int, end: int, chunk_size: int, overlap: int, slack: float, min_tail: int) -> List[Window]:
+        """Windows over ``text[start:end]``, in document offsets."""
+        lo = bisect.bisect_left(self.starts, start)
+        hi = bisect.bisect_left(self.starts, end)
+        rel = [(s - start, min(e, end) - start) for s, e in self.spans[lo:hi]]
+        return [
+            Window(w.start + start, w.end + start, w.num_tokens)
+            for w in plan_windows(self.text[start:end], rel, chunk_size, overlap, slack, min_tail)
+        ]
+
+
+class SectionAwareNodeParser(NodeParser):
+    """Base for parsers that cut documents on their sections (not used directly)."""
+
+    tokenizer_name: str = Field(
+        default=DEFAULT_EMBED_MODEL,
+        description="Hugging Face tokenizer (model id or local folder) that measures chunk sizes; "
+        "the default is the packaged all-MiniLM-L6-v2 embedding model's tokenizer. Ignored when a "
+        "`tokenizer` callable is passed.",
+    )
+    heading_patterns: List[str] = Field(
+        default_factory=list,
+        description="Extra heading regexes, tried first on each stripped line. Optional named groups: "
+        "`title`, `number` (dots give the level) or `level`.",
+    )
+    detect_markdown_headings: bool = Field(default=True, description="Treat '#' lines as headings.")
+    detect_numbered_headings: bool = Field(default=True, description="Treat '1.', '2 Fees', '3.1.2 ...' as headings.")
+    detect_keyword_headings: bool = Field(
+        default=True, description="Treat 'Section 4', 'ARTICLE IV', 'Schedule A', 'Appendix B' lines as headings."
+    )
+    detect_caps_headings: bool = Field(default=True, description="Treat short ALL-CAPS lines as headings.")
+    use_pdf_outline: bool = Field(
+        default=True, description="Use the PDF outline (bookmarks) recorded by PagedPDFReader when it has one."
+    )
+    max_heading_chars: int = Field(default=90, gt=0, description="Longer lines are never headings.")
+    merge_empty_sections: bool = Field(
+        default=True,
+        description="A heading with no body text before its first sub-heading joins that sub-section's "
+        "first chunk instead of becoming a chunk of its own.",
+    )
+    sentence_slack: float = Field(
+        default=0.2,
+        ge=0.0,
+        le=1.0,
+        description="End a window at a sentence end if one lies within this share of the size limit.",
+    )
+    contextual_header: bool = Field(
+        default=False,
+        description="Prefix the section path (e.g. '3. Fees > 3.2 Late fees') to the text that is embedded; "
+        "the stored text is unchanged.",
+    )
+
+    _tokenizer: Optional[Callable[[str], Sequence]] = PrivateAttr(default=None)
+    _span_fn: Optional[TokenSpanFn] = PrivateAttr(default=None)
+
+    def __init__(self, tokenizer: Optional[Callable[[str], Sequence]] = None, **data: Any) -> None:
+        super().__init__(**data)
+        compile_patterns(self.heading_patterns)  # fail now, naming the bad pattern
+        self._tokenizer = tokenizer
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_serialised_id_func(cls, data: Any) -> Any:
+        """LlamaIndex serialises ``id_func`` as a dict it cannot load back; ids here are
+        deterministic from the span, so a serialised id_func is dropped on load."""
+        if isinstance(data, dict) and isinstance(data.get("id_func"), dict):
+            data = {k: v for k, v in data.items() if k != "id_func"}
+        return data
+
+    # -- pieces used by subclasses -------------------------------------------------------
+    @property
+    def span_fn(self) -> TokenSpanFn:
+        if self._span_fn is None:
+            self._span_fn = token_span_fn(self.tokenizer_name, self._tokenizer)
+        return self._span_fn
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens in ``text`` as this parser measures them."""
+        return len(self.span_fn(text))
+
+    def heading_rules(self) -> HeadingRules:
+        return HeadingRules(
+            markdown=self.detect_markdown_headings,
+            numbered=self.detect_numbered_headings,
+            keywords=self.detect_keyword_headings,
+            all_caps=self.detect_caps_headings,
+            custom_patterns=tuple(self.heading_patterns),
+            max_heading_chars=self.max_heading_chars,
+        )
+
+    def sections_of(self, doc: BaseNode) -> List[Section]:
+        """The sections of a document: outline headings when usable, else detected ones."""
+        text = doc.get_content()
+        outline = doc.metadata.get("outline") if self.use_pdf_outline else None
+        headings = []
+        if outline:
+            headings = headings_from_outline(text, outline, doc.metadata.get("page_starts") or [0])
+            if len(headings) < max(1, len(outline) // 2):
+                headings = []
+        if not headings:
+            headings = detect_headings(text, self.heading_rules())
+        sections = split_sections(text, headings)
+        return merge_heading_only_sections(text, sections) if self.merge_empty_sections else sections
+
+    def make_node(
+        self,
+        doc: BaseNode,
+        kind: str,
+        index: int,
+        start: int,
+        end: int,
+        section: Section,
+        extra: Optional[Dict[str, Any]] = None,
+    ) -> TextNode:
+        """A TextNode for ``doc.text[start:end]`` carrying the metadata contract."""
+        doc_id = doc.metadata.get("doc_id") or doc.node_id
+        meta = chunk_metadata(doc.metadata, doc_id, kind, index, start, end, section.title, section.path)
+        if extra:
+            meta.update(extra)
+        embed_ex, llm_ex = excluded_keys(
+            meta, doc.excluded_embed_metadata_keys, doc.excluded_llm_metadata_keys, self.contextual_header
+        )
+        node = TextNode(
+            id_=meta["chunk_id"],
+            text=doc.get_content()[start:end],
+            metadata=meta,
+            excluded_embed_metadata_keys=embed_ex,
+            excluded_llm_metadata_keys=llm_ex,
+            start_char_idx=start,
+            end_char_idx=end,
+        )
+        node.relationships[NodeRelationship.SOURCE] = doc.as_related_node_info()
+        return node
+
+    def iter_documents(self, nodes: Sequence[BaseNode], show_progress: bool) -> Any:
+        return get_tqdm_iterable(nodes, show_progress, f"Parsing ({self.class_name()})")
+
+    # -- LlamaIndex hooks --------------------------------------------------------------
+    def _postprocess_parsed_nodes(self, nodes: List[BaseNode], parent_doc_map: Dict[str, Document]) -> List[BaseNode]:
+        """Offsets, metadata and relationships are set at construction: nothing to redo.
+
+        (LlamaIndex's default would re-find each chunk with ``str.find``, which picks the wrong
+        copy of repeated text, and would copy page tables into every chunk.)
+        """
+        return nodes
+
+
+def link_prev_next(nodes: Sequence[TextNode]) -> None:
+    """PREVIOUS/NEXT relationships along a sequence of new nodes of one document."""
+    for a, b in zip(nodes, nodes[1:]):
+        a.relationships[NodeRelationship.NEXT] = RelatedNodeInfo(node_id=b.node_id)
+        b.relationships[NodeRelationship.PREVIOUS] = RelatedNodeInfo(node_id=a.node_id)
+
+
+def merge_heading_only_sections(text: str, sections: List[Section]) -> List[Section]:
+    """Join a section that is only its heading to the following sub-section.
+
+    "3. Interest\\n\\n3.1 Purchase rate ..." gives one section titled "3.1 Purchase rate" whose
+    span starts at "3. Interest" (its path already names section 3), so no chunk is a lone
+    heading. A heading-only section followed by a sibling stays as it is.
+    """
+    out: List[Section] = []
+    pending: Optional[Section] = None
+    for sec in sections:
+        if pending is not None:
+            if sec.level > pending.level and sec.path[: len(pending.path)] == pending.path:
+                sec = Section(sec.title, sec.path, sec.level, pending.start, sec.end, sec.heading_end)
+            else:
+                out.append(pending)
+            pending = None
+        body = text[sec.heading_end : sec.end]
+        if sec.title and not body.strip():
+            pending = sec
+            continue
+        out.append(sec)
+    if pending is not None:
+        out.append(pending)
+    return out

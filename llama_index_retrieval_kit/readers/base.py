@@ -1,0 +1,128 @@
+"""What every reader of this package shares: document metadata and error reporting.
+
+Document metadata (inherited by chunk parsers, see ``docs/architecture.md``):
+
+* ``doc_id`` - the document id (also ``Document.id_``), the file name by default;
+* ``source`` - the path the document was read from; ``file_name``;
+* ``page_starts`` - character offset in ``Document.text`` where each page starts
+  (page ``i`` spans ``[page_starts[i], page_starts[i + 1])``, pages numbered from 1 in chunks);
+* ``outline`` - PDF bookmarks as ``{"title", "level", "page"}`` (page 0-based), when present.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, List, Sequence, Union
+
+from llama_index.core.readers.base import BasePydanticReader
+from llama_index.core.schema import Document
+
+logger = logging.getLogger(__name__)
+
+PathLike = Union[str, Path]
+
+#: Document metadata keys that describe the whole document, not a chunk; parsers drop them.
+DOCUMENT_ONLY_KEYS = ("page_starts", "outline")
+
+
+@dataclass(frozen=True)
+class ReadFailure:
+    """One file that could not be read, and why."""
+
+    path: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.reason}"
+
+
+class DocumentReadError(Exception):
+    """Raised when files cannot be read; ``documents`` holds the ones that could.
+
+    One bad file never loses the others: catch this and use ``err.documents``.
+    """
+
+    def __init__(self, failures: Sequence[ReadFailure], documents: Sequence[Document] = ()) -> None:
+        self.failures = list(failures)
+        self.documents = list(documents)
+        lines = "\n".join(f"  - {f}" for f in self.failures)
+        super().__init__(
+            f"could not read {len(self.failures)} file(s)"
+            + (f" ({len(self.documents)} other file(s) were read)" if self.documents else "")
+            + f":\n{lines}"
+        )
+
+
+class FileReadError(ValueError):
+    """A single file cannot be read; the message names the file and the reason."""
+
+    def __init__(self, path: PathLike, reason: str) -> None:
+        self.path = str(path)
+        self.reason = reason
+        super().__init__(f"{path}: {reason}")
+
+
+def default_doc_id(path: Path) -> str:
+    """The file name: stable across machines and folders."""
+    return path.name
+
+
+class FileReader(BasePydanticReader):
+    """Base for readers that turn one file into one Document with page offsets."""
+
+    is_remote: bool = False
+
+    def _read_file(self, path: Path) -> Document:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def load_data(
+        self,
+        file: Union[PathLike, Iterable[PathLike]],
+        skip_errors: bool = False,
+        doc_id_func: Callable[[Path], str] | None = None,
+    ) -> List[Document]:
+        """Read one file or many; one Document per file.
+
+        A file that cannot be read raises :class:`DocumentReadError` naming every bad file,
+        after all the others were read (they are in ``err.documents``). With
+        ``skip_errors=True`` bad files are logged as warnings and skipped instead.
+        """
+        paths = [Path(file)] if isinstance(file, (str, Path)) else [Path(p) for p in file]
+        id_func = doc_id_func or default_doc_id
+        documents: list[Document] = []
+        failures: list[ReadFailure] = []
+        for path in paths:
+            try:
+                doc = self._read_checked(path)
+            except FileReadError as exc:
+                failures.append(ReadFailure(str(path), exc.reason))
+                continue
+            doc_id = id_func(path)
+            doc.id_ = doc_id
+            doc.metadata["doc_id"] = doc_id
+            documents.append(doc)
+        if failures:
+            if not skip_errors:
+                raise DocumentReadError(failures, documents)
+            for f in failures:
+                logger.warning("skipped %s", f)
+        return documents
+
+    def _read_checked(self, path: Path) -> Document:
+        if not path.exists():
+            raise FileReadError(path, "file does not exist")
+        if path.is_dir():
+            raise FileReadError(path, "is a folder, not a file (pass the files in it, or use read_folder)")
+        if path.stat().st_size == 0:
+            raise FileReadError(path, "file is empty (0 bytes)")
+        return self._read_file(path)
+
+
+def base_metadata(path: Path, page_starts: Sequence[int]) -> dict:
+    return {
+        "source": str(path),
+        "file_name": path.name,
+        "page_starts": list(page_starts),
+    }
