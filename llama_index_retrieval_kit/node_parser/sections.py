@@ -369,42 +369,41 @@ def _runs_without_body(candidates: list[_Candidate], blank: list[bool], skip: se
 def headings_from_outline(text: str, outline: Sequence[dict], page_starts: Sequence[int]) -> list[Heading]:
     """Place PDF outline entries (``{"title", "level", "page"}``, page 0-based) in the text.
 
-    Each title is searched as a line starting at or after its page's first character; entries
-    that cannot be found are skipped.
+    Entries are placed from the last to the first, each at the *last* line matching its title
+    that lies on or after its page and before the next entry: a table of contents that
+    repeats the titles earlier in the text is not mistaken for the headings. Entries that
+    cannot be found are skipped.
     """
-    headings: list[Heading] = []
-    cursor = 0
-    norm_text = text
-    for entry in outline:
+    placed: list[Heading] = []
+    limit = len(text)
+    for entry in reversed(list(outline)):
         title = str(entry.get("title", "")).strip()
         if not title:
             continue
         page = int(entry.get("page", 0) or 0)
         page_start = page_starts[page] if 0 <= page < len(page_starts) else 0
-        pos = _find_title_line(norm_text, title, max(cursor, page_start))
-        if pos is None:
-            pos = _find_title_line(norm_text, title, cursor)
+        pos = _find_title_line(text, title, min(page_start, limit), limit)
         if pos is None:
             continue
         start, end = pos
-        headings.append(Heading(text[start:end].strip(), int(entry.get("level", 1)), start, end, "outline"))
-        cursor = end
-    return headings
+        placed.append(Heading(text[start:end].strip(), int(entry.get("level", 1)), start, end, "outline"))
+        limit = start
+    return placed[::-1]
 
 
-def _find_title_line(text: str, title: str, start_at: int) -> tuple[int, int] | None:
+def _find_title_line(text: str, title: str, lo: int, hi: int) -> tuple[int, int] | None:
+    """The last line in ``text[lo:hi]`` that is ``title`` (optionally after a number)."""
     words = [re.escape(w) for w in title.split()]
     if not words:
         return None
-    pattern = re.compile(r"(?m)^[ \t]*(" + r"\s+".join(words) + r")[ \t]*$", re.IGNORECASE)
-    m = pattern.search(text, start_at)
-    if not m:
-        # The title may follow a number on its line ("3. Fees" for outline "Fees").
-        pattern = re.compile(r"(?m)^[ \t]*(\S{1,12}[ \t]+" + r"\s+".join(words) + r")[ \t]*$", re.IGNORECASE)
-        m = pattern.search(text, start_at)
-    if not m:
-        return None
-    return m.start(1), m.end(1)
+    body = r"\s+".join(words)
+    for pattern in (r"(?im)^[ \t]*(" + body + r")[ \t]*$", r"(?im)^[ \t]*(\S{1,12}[ \t]+" + body + r")[ \t]*$"):
+        last = None
+        for m in re.finditer(pattern, text[lo:hi]):
+            last = m
+        if last is not None:
+            return lo + last.start(1), lo + last.end(1)
+    return None
 
 
 def split_sections(text: str, headings: Sequence[Heading]) -> list[Section]:

@@ -62,7 +62,7 @@ def _edge_lines(lines: list[str], edge: int) -> list[tuple[int, str]]:
 
 
 def remove_repeated_lines(
-    pages: Sequence[str], min_share: float = 0.5, edge_lines: int = 2, min_pages: int = 3
+    pages: Sequence[str], min_share: float = 0.5, edge_lines: int = 2, min_pages: int = 2
 ) -> list[str]:
     """Drop running headers/footers and page numbers from the top and bottom of pages.
 

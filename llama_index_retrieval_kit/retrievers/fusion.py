@@ -1,0 +1,241 @@
+"""Rank fusion of several ranked result lists: reciprocal rank fusion and normalised score fusion.
+
+Both functions are pure: they never change the ``NodeWithScore`` objects or nodes they are given.
+They return new :class:`FusedNodeWithScore` objects that point at the same node objects and record,
+per leg, the rank (from 1) and the raw score the node had there, so later stages (tracing, a
+no-answer gate) can see why a node was ranked where it is.
+
+Identity is the node id. Each input list is taken in the order given (best first); a node id that
+appears twice in one list keeps its first (best) position. Sums use ``math.fsum``, which is
+correctly rounded and therefore independent of the order of the legs.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence
+
+from llama_index.core.bridge.pydantic import Field
+from llama_index.core.schema import BaseNode, NodeWithScore
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_RRF_K = 60.0
+
+
+class FusedNodeWithScore(NodeWithScore):
+    """A fused result: the node, its fused score, and the rank and score it had in each leg."""
+
+    leg_ranks: Dict[str, int] = Field(
+        default_factory=dict,
+        description="Rank (1 = best) of the node in each leg that returned it, keyed by leg name.",
+    )
+    leg_scores: Dict[str, Optional[float]] = Field(
+        default_factory=dict,
+        description="Raw score the leg gave the node (None when the leg returned no score), keyed by leg name.",
+    )
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "FusedNodeWithScore"
+
+
+@dataclass
+class _Candidate:
+    """A node seen in at least one leg, with what each leg said about it."""
+
+    node: BaseNode
+    leg_ranks: Dict[str, int] = field(default_factory=dict)
+    leg_scores: Dict[str, Optional[float]] = field(default_factory=dict)
+
+
+def leg_names(n_legs: int, names: Optional[Sequence[str]] = None) -> List[str]:
+    """The leg names: ``names`` checked (unique, one per leg) or ``leg0``, ``leg1``, ..."""
+    if names is None:
+        return [f"leg{i}" for i in range(n_legs)]
+    names = list(names)
+    if len(names) != n_legs:
+        raise ValueError(f"names has {len(names)} entries ({names!r}); expected one per leg ({n_legs})")
+    if any(not isinstance(name, str) or not name for name in names):
+        raise ValueError(f"names must be non-empty strings, got {names!r}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"names must be unique, got {names!r}")
+    return names
+
+
+def check_weights(n_legs: int, weights: Optional[Sequence[float]]) -> List[float]:
+    """The leg weights: ``weights`` checked (one per leg, finite, >= 0) or all 1.0."""
+    if weights is None:
+        return [1.0] * n_legs
+    weights = [float(w) for w in weights]
+    if len(weights) != n_legs:
+        raise ValueError(f"weights has {len(weights)} entries ({weights!r}); expected one per leg ({n_legs})")
+    bad = [w for w in weights if not math.isfinite(w) or w < 0]
+    if bad:
+        raise ValueError(f"weights must be finite and >= 0, got {weights!r}")
+    return weights
+
+
+def _check_top_k(top_k: Optional[int]) -> None:
+    if top_k is None:
+        return
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        raise ValueError(f"top_k must be None or an int >= 1, got {top_k!r}")
+
+
+def _collect(ranked_lists: Sequence[Sequence[NodeWithScore]], names: List[str]) -> Dict[str, _Candidate]:
+    """Group the legs' results by node id; the node object comes from the first leg that has it."""
+    candidates: Dict[str, _Candidate] = {}
+    for name, results in zip(names, ranked_lists):
+        rank = 0
+        for result in results:
+            node_id = result.node.node_id
+            candidate = candidates.get(node_id)
+            if candidate is not None and name in candidate.leg_ranks:
+                logger.debug("leg %s returned node %s twice; keeping its best rank", name, node_id)
+                continue
+            rank += 1
+            if candidate is None:
+                candidate = candidates[node_id] = _Candidate(node=result.node)
+            candidate.leg_ranks[name] = rank
+            candidate.leg_scores[name] = result.score
+    return candidates
+
+
+def _fuse(
+    candidates: Dict[str, _Candidate],
+    names: List[str],
+    weights: List[float],
+    top_k: Optional[int],
+    score_fn: Callable[[_Candidate], float],
+) -> List[NodeWithScore]:
+    """Score every candidate with ``score_fn`` and sort deterministically.
+
+    Order: fused score (high first), then the best rank in a positively weighted leg, then the best
+    rank in any leg, then node id. Ranks in zero-weight legs never decide between documents that a
+    weighted leg returned, so a zero weight really removes a leg.
+    """
+    weight_of = dict(zip(names, weights))
+    scored = []
+    for node_id, candidate in candidates.items():
+        weighted_ranks = [r for leg, r in candidate.leg_ranks.items() if weight_of[leg] > 0]
+        best_weighted = min(weighted_ranks) if weighted_ranks else math.inf
+        best_any = min(candidate.leg_ranks.values())
+        score = score_fn(candidate)
+        scored.append(((-score, best_weighted, best_any, node_id), score, candidate))
+    scored.sort(key=lambda item: item[0])
+    if top_k is not None:
+        scored = scored[:top_k]
+    return [
+        FusedNodeWithScore(
+            node=candidate.node,
+            score=score,
+            leg_ranks=dict(candidate.leg_ranks),
+            leg_scores=dict(candidate.leg_scores),
+        )
+        for _, score, candidate in scored
+    ]
+
+
+def reciprocal_rank_fusion(
+    ranked_lists: Sequence[Sequence[NodeWithScore]],
+    k: float = DEFAULT_RRF_K,
+    weights: Optional[Sequence[float]] = None,
+    top_k: Optional[int] = None,
+    names: Optional[Sequence[str]] = None,
+) -> List[NodeWithScore]:
+    """Fuse ranked lists with weighted reciprocal rank fusion (Cormack, Clarke & Buettcher, 2009).
+
+    ``score(d) = sum over legs of w_leg / (k + rank_leg(d))`` with ranks starting at 1; a leg that
+    did not return ``d`` adds nothing. Only ranks matter, so legs with incomparable score scales
+    (BM25 vs cosine) fuse without normalisation.
+
+    Note: Qdrant's server-side RRF counts ranks from 0, so its ``k`` is offset by one from this
+    convention (Qdrant ``k = 59`` equals ``k = 60`` here).
+
+    A document returned only by zero-weight legs gets score 0.0 and is ranked after every document
+    a weighted leg returned. Ties are broken by best rank, then node id.
+
+    Args:
+        ranked_lists: One list per leg, best first.
+        k: Rank offset (>= 0); larger values flatten the difference between top ranks.
+        weights: One weight (>= 0) per leg; default 1.0 each.
+        top_k: Keep only the best ``top_k`` results (>= 1); default all.
+        names: Leg names used in ``leg_ranks``/``leg_scores``; default ``leg0``, ``leg1``, ...
+
+    Returns:
+        New :class:`FusedNodeWithScore` objects, best first, pointing at the caller's node objects.
+    """
+    k = float(k)
+    if not math.isfinite(k) or k < 0:
+        raise ValueError(f"k must be a finite number >= 0, got {k!r}")
+    _check_top_k(top_k)
+    legs = leg_names(len(ranked_lists), names)
+    leg_weights = check_weights(len(ranked_lists), weights)
+    weight_of = dict(zip(legs, leg_weights))
+
+    def rrf_score(candidate: _Candidate) -> float:
+        return math.fsum(weight_of[leg] / (k + rank) for leg, rank in candidate.leg_ranks.items())
+
+    return _fuse(_collect(ranked_lists, legs), legs, leg_weights, top_k, rrf_score)
+
+
+def min_max_normalise(scores: Sequence[float]) -> List[float]:
+    """Scale scores to [0, 1] by ``(s - min) / (max - min)``; all-equal scores map to 1.0."""
+    if not scores:
+        return []
+    low, high = min(scores), max(scores)
+    if high == low:
+        return [1.0] * len(scores)
+    return [(s - low) / (high - low) for s in scores]
+
+
+def score_fusion(
+    ranked_lists: Sequence[Sequence[NodeWithScore]],
+    weights: Optional[Sequence[float]] = None,
+    top_k: Optional[int] = None,
+    names: Optional[Sequence[str]] = None,
+) -> List[NodeWithScore]:
+    """Fuse ranked lists by a convex combination of per-leg min-max normalised scores.
+
+    Each leg's scores are scaled to [0, 1] over the results that leg returned (a leg whose
+    results all share one score gives them all 1.0). ``score(d) = sum over legs of
+    (w_leg / sum(w)) * norm_leg(d)``, where a document the leg did not return counts 0 for that
+    leg. Unlike RRF this keeps score gaps, but depends on each leg's result depth and outliers.
+
+    Args:
+        ranked_lists: One list per leg, best first; every result needs a finite score.
+        weights: One weight (>= 0) per leg, normalised to sum to 1; default equal. All-zero weights
+            give every document score 0.0.
+        top_k: Keep only the best ``top_k`` results (>= 1); default all.
+        names: Leg names used in ``leg_ranks``/``leg_scores``; default ``leg0``, ``leg1``, ...
+
+    Returns:
+        New :class:`FusedNodeWithScore` objects, best first, pointing at the caller's node objects.
+    """
+    _check_top_k(top_k)
+    legs = leg_names(len(ranked_lists), names)
+    leg_weights = check_weights(len(ranked_lists), weights)
+    total = math.fsum(leg_weights)
+    share = {leg: (w / total if total > 0 else 0.0) for leg, w in zip(legs, leg_weights)}
+
+    candidates = _collect(ranked_lists, legs)
+    normalised: Dict[str, Dict[str, float]] = {}
+    for leg in legs:
+        in_leg = [(node_id, c.leg_scores[leg]) for node_id, c in candidates.items() if leg in c.leg_ranks]
+        bad = [(node_id, s) for node_id, s in in_leg if s is None or not math.isfinite(s)]
+        if bad:
+            raise ValueError(
+                f"score_fusion needs a finite score for every result; leg {leg!r} gave {bad[:3]!r}. "
+                "Use reciprocal_rank_fusion for legs without scores."
+            )
+        values = min_max_normalise([float(s) for _, s in in_leg])  # type: ignore[arg-type]
+        normalised[leg] = {node_id: v for (node_id, _), v in zip(in_leg, values)}
+
+    def convex_score(candidate: _Candidate) -> float:
+        node_id = candidate.node.node_id
+        return math.fsum(share[leg] * normalised[leg][node_id] for leg in candidate.leg_ranks)
+
+    return _fuse(candidates, legs, leg_weights, top_k, convex_score)
