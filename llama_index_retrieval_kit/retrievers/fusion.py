@@ -91,6 +91,8 @@ def _collect(ranked_lists: Sequence[Sequence[NodeWithScore]], names: List[str]) 
     for name, results in zip(names, ranked_lists):
         rank = 0
         for result in results:
+            if not isinstance(result, NodeWithScore):
+                raise ValueError(f"leg {name!r} holds {type(result).__name__}; expected NodeWithScore objects")
             node_id = result.node.node_id
             candidate = candidates.get(node_id)
             if candidate is not None and name in candidate.leg_ranks:

@@ -1,0 +1,564 @@
+"""BM25 keyword retrieval over LlamaIndex nodes, built on bm25s.
+
+Compared with LlamaIndex's own ``BM25Retriever`` (llama-index-retrievers-bm25) this one
+
+* persists its tokenizer settings (lowercase, token pattern, stopwords, stemmer) with the index,
+  so a reloaded retriever tokenizes queries exactly as the index was built and scores identically;
+* applies metadata filters per query, *before* taking the top k (all documents are scored, then
+  filtered, then cut), so a filter never starves the result list while enough matches exist;
+* supports insert / replace / delete by node id or ref doc id without stale or duplicate chunks.
+
+Scores are raw BM25 scores from bm25s. A node is returned only if it shares at least one query
+term with the query and its score is positive (with ``method="robertson"`` or ``"atire"`` a term
+found in (more than half of) all documents has idf 0, so matching only such terms scores 0).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import re
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+import bm25s
+import bm25s.stopwords as bm25s_stopwords
+import numpy as np
+import Stemmer
+from llama_index.core.base.base_retriever import BaseRetriever
+from llama_index.core.bridge.pydantic import BaseModel, ConfigDict, Field, field_validator
+from llama_index.core.callbacks.base import CallbackManager
+from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, QueryBundle
+from llama_index.core.storage.docstore.utils import doc_to_json, json_to_doc
+from llama_index.core.vector_stores.types import MetadataFilters
+
+from .filters import metadata_matches, validate_filters
+
+logger = logging.getLogger(__name__)
+
+BM25_METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")
+PERSIST_FORMAT_VERSION = 1
+_CONFIG_FILE = "retriever.json"
+_NODES_FILE = "nodes.json"
+_BM25S_DIR = "bm25s"
+
+# Stopword lists shipped with bm25s, by the names bm25s accepts.
+_STOPWORDS: Dict[str, Tuple[str, ...]] = {}
+for _names, _words in (
+    (("en", "english"), bm25s_stopwords.STOPWORDS_EN),
+    (("en_plus", "english_plus"), bm25s_stopwords.STOPWORDS_EN_PLUS),
+    (("de", "german"), bm25s_stopwords.STOPWORDS_GERMAN),
+    (("nl", "dutch"), bm25s_stopwords.STOPWORDS_DUTCH),
+    (("fr", "french"), bm25s_stopwords.STOPWORDS_FRENCH),
+    (("es", "spanish"), bm25s_stopwords.STOPWORDS_SPANISH),
+    (("pt", "portuguese"), bm25s_stopwords.STOPWORDS_PORTUGUESE),
+    (("it", "italian"), bm25s_stopwords.STOPWORDS_ITALIAN),
+    (("ru", "russian"), bm25s_stopwords.STOPWORDS_RUSSIAN),
+    (("sv", "swedish"), bm25s_stopwords.STOPWORDS_SWEDISH),
+    (("no", "norwegian"), bm25s_stopwords.STOPWORDS_NORWEGIAN),
+    (("zh", "chinese"), bm25s_stopwords.STOPWORDS_CHINESE),
+    (("tr", "turkish"), bm25s_stopwords.STOPWORDS_TURKISH),
+    (("ko", "korean"), bm25s_stopwords.STOPWORDS_KOREAN),
+    (("da", "danish"), bm25s_stopwords.STOPWORDS_DANISH),
+):
+    for _name in _names:
+        _STOPWORDS[_name] = tuple(_words)
+
+
+class BM25TokenizerConfig(BaseModel):
+    """How text becomes BM25 terms; persisted with the index (except ``custom_tokenizer``).
+
+    Pipeline: optionally lowercase, split (``token_pattern`` or ``custom_tokenizer``), drop
+    stopwords, stem. Stopwords are compared after lowercasing and before stemming, so with
+    ``lowercase=False`` they match case-sensitively.
+    """
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    lowercase: bool = Field(default=True, description="Lowercase text before splitting.")
+    token_pattern: str = Field(
+        default=r"(?u)\b\w\w+\b",
+        description="Regex whose matches are the tokens (whole match; default: words of 2+ characters, "
+        "as in bm25s and scikit-learn). Ignored when custom_tokenizer is set.",
+    )
+    stopwords: Optional[Union[str, Tuple[str, ...]]] = Field(
+        default="en",
+        description=f"Stopwords to drop: a bm25s language name ({sorted(_STOPWORDS)}), a list of words, or None.",
+    )
+    stemmer_language: Optional[str] = Field(
+        default="english",
+        description="PyStemmer (Snowball) algorithm applied to every token, e.g. 'english'; None disables stemming.",
+    )
+    custom_tokenizer: Optional[Callable[[str], List[str]]] = Field(
+        default=None,
+        exclude=True,
+        description="Optional callable text -> tokens that replaces the regex split (lowercasing, stopwords and "
+        "stemming still apply). Not persisted: pass the same callable again to BM25Retriever.load.",
+    )
+
+    @field_validator("token_pattern")
+    @classmethod
+    def _check_pattern(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"token_pattern {value!r} is not a valid regular expression: {exc}") from exc
+        return value
+
+    @field_validator("stopwords")
+    @classmethod
+    def _check_stopwords(cls, value: Optional[Union[str, Tuple[str, ...]]]) -> Optional[Union[str, Tuple[str, ...]]]:
+        if isinstance(value, str) and value not in _STOPWORDS:
+            raise ValueError(f"stopwords {value!r} is not a known list; use one of {sorted(_STOPWORDS)}, a list, or None")
+        return value
+
+    @field_validator("stemmer_language")
+    @classmethod
+    def _check_stemmer(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None and value not in Stemmer.algorithms():
+            raise ValueError(f"stemmer_language {value!r} is not a PyStemmer algorithm; use one of {Stemmer.algorithms()} or None")
+        return value
+
+    def to_persisted(self) -> Dict[str, Any]:
+        """JSON-able settings, with a flag telling whether a custom tokenizer was used."""
+        data = self.model_dump(mode="json")
+        data["uses_custom_tokenizer"] = self.custom_tokenizer is not None
+        return data
+
+
+_thread_local = threading.local()
+
+
+def _stemmer(language: str) -> Any:
+    """A PyStemmer stemmer for this thread (PyStemmer objects must not be shared across threads)."""
+    cache: Dict[str, Any] = _thread_local.__dict__.setdefault("stemmers", {})
+    if language not in cache:
+        cache[language] = Stemmer.Stemmer(language)
+    return cache[language]
+
+
+def build_tokenizer(config: BM25TokenizerConfig) -> Callable[[str], List[str]]:
+    """A function text -> BM25 terms applying ``config`` (compiled once)."""
+    pattern = re.compile(config.token_pattern)
+    words = config.stopwords
+    stopwords = frozenset(_STOPWORDS[words] if isinstance(words, str) else (words or ()))
+    custom = config.custom_tokenizer
+    language = config.stemmer_language
+
+    def tokenize(text: str) -> List[str]:
+        if config.lowercase:
+            text = text.lower()
+        if custom is not None:
+            tokens = custom(text)
+            if not isinstance(tokens, (list, tuple)) or not all(isinstance(t, str) for t in tokens):
+                raise ValueError(f"custom_tokenizer must return a list of str, got {tokens!r:.200}")
+        else:
+            tokens = [m.group(0) for m in pattern.finditer(text)]
+        tokens = [t for t in tokens if t and t not in stopwords]
+        if language is not None:
+            tokens = [t for t in _stemmer(language).stemWords(tokens) if t]
+        return tokens
+
+    return tokenize
+
+
+@dataclass(frozen=True, eq=False)
+class _Snapshot:
+    """An immutable state of the index: nodes, their bm25s index and tie-break order."""
+
+    nodes: Tuple[BaseNode, ...]
+    bm25: Optional[bm25s.BM25]  # None when no node has a single term
+    tie_order: np.ndarray  # position of each node id in sorted order (deterministic ties)
+    tokens: Optional[Tuple[Tuple[str, ...], ...]]  # per node; None after load until needed
+
+
+class _SharedIndex:
+    """The mutable holder of the current snapshot, shared by a retriever and its filtered views.
+
+    Queries read ``snapshot`` once; writers build a new snapshot and swap it in under ``lock``.
+    """
+
+    def __init__(self, snapshot: _Snapshot) -> None:
+        self.snapshot = snapshot
+        self.lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class _BM25Params:
+    k1: float
+    b: float
+    method: str
+
+
+def _own_copy(node: BaseNode) -> BaseNode:
+    """A copy that shares nothing mutable that filters or callers touch (metadata is deep-copied)."""
+    return node.model_copy(update={"metadata": copy.deepcopy(node.metadata)})
+
+
+def _build_snapshot(nodes: Sequence[BaseNode], tokens: Sequence[Sequence[str]], params: _BM25Params) -> _Snapshot:
+    """Index ``nodes`` (already tokenized as ``tokens``) with bm25s."""
+    bm25: Optional[bm25s.BM25] = None
+    if any(tokens):
+        bm25 = bm25s.BM25(k1=params.k1, b=params.b, method=params.method, backend="numpy")
+        # create_empty_token=False: bm25s would otherwise add a "" term that is not in its score
+        # matrix (and crash on an all-empty corpus).
+        bm25.index([list(t) for t in tokens], create_empty_token=False, show_progress=False)
+    return _Snapshot(
+        nodes=tuple(nodes),
+        bm25=bm25,
+        tie_order=_tie_order(nodes),
+        tokens=tuple(tuple(t) for t in tokens),
+    )
+
+
+def _tie_order(nodes: Sequence[BaseNode]) -> np.ndarray:
+    order = np.empty(len(nodes), dtype=np.int64)
+    order[sorted(range(len(nodes)), key=lambda i: nodes[i].node_id)] = np.arange(len(nodes))
+    return order
+
+
+def _check_unique_ids(nodes: Sequence[BaseNode]) -> None:
+    seen: set = set()
+    duplicates: set = set()
+    for node in nodes:
+        if node.node_id in seen:
+            duplicates.add(node.node_id)
+        seen.add(node.node_id)
+    if duplicates:
+        raise ValueError(f"node ids must be unique within one call; duplicated: {sorted(duplicates)[:10]!r}")
+
+
+def top_matches(
+    snapshot: _Snapshot,
+    query_tokens: Sequence[str],
+    top_k: int,
+    filters: Optional[MetadataFilters] = None,
+) -> List[Tuple[int, float]]:
+    """The best ``top_k`` (node position, raw BM25 score) pairs for a tokenized query.
+
+    Every document sharing a query term is scored; those with score <= 0 or failing ``filters``
+    are dropped; the rest are sorted by score (high first), then node id, and cut to ``top_k``.
+    """
+    bm25 = snapshot.bm25
+    if bm25 is None:
+        return []
+    term_ids = [bm25.vocab_dict[t] for t in query_tokens if t in bm25.vocab_dict]
+    if not term_ids:
+        return []
+    scores = bm25.get_scores_from_ids(term_ids)
+    indptr, indices = bm25.scores["indptr"], bm25.scores["indices"]
+    postings = [indices[indptr[t] : indptr[t + 1]] for t in sorted(set(term_ids))]
+    candidates = np.unique(np.concatenate(postings))
+    candidates = candidates[scores[candidates] > 0]
+    if filters is not None and candidates.size:
+        keep = np.fromiter(
+            (metadata_matches(snapshot.nodes[i].metadata, filters) for i in candidates),
+            dtype=bool,
+            count=candidates.size,
+        )
+        candidates = candidates[keep]
+    order = np.lexsort((snapshot.tie_order[candidates], -scores[candidates]))[:top_k]
+    return [(int(candidates[i]), float(scores[candidates[i]])) for i in order]
+
+
+def _check_params(k1: float, b: float, method: str, similarity_top_k: int) -> None:
+    if not isinstance(k1, (int, float)) or isinstance(k1, bool) or not k1 >= 0 or not np.isfinite(k1):
+        raise ValueError(f"k1 must be a finite number >= 0, got {k1!r}")
+    if not isinstance(b, (int, float)) or isinstance(b, bool) or not 0 <= b <= 1:
+        raise ValueError(f"b must be a number in [0, 1], got {b!r}")
+    if method not in BM25_METHODS:
+        raise ValueError(f"method {method!r} is not supported; use one of {BM25_METHODS}")
+    _check_top_k(similarity_top_k)
+
+
+def _check_top_k(similarity_top_k: int) -> None:
+    if isinstance(similarity_top_k, bool) or not isinstance(similarity_top_k, int) or similarity_top_k < 1:
+        raise ValueError(f"similarity_top_k must be an int >= 1, got {similarity_top_k!r}")
+
+
+class BM25Retriever(BaseRetriever):
+    """Keyword retriever: bm25s scores, per-query metadata filters, persistence, incremental updates.
+
+    Filters: ``filters`` given here apply to every query. For other filters per query use
+    :meth:`with_filters`, which returns a cheap view sharing this index (inserts and deletes on
+    either are seen by both), e.g. ``bm25.with_filters(f).retrieve("query")``; views also plug
+    into :class:`HybridRetriever` or any LlamaIndex pipeline.
+
+    Nodes are copied on insert (metadata deep-copied) and every result carries a fresh copy, so
+    neither the caller's nodes nor downstream postprocessors can change what the index holds.
+
+    Updates (:meth:`insert_nodes`, :meth:`delete_ref_doc`, :meth:`delete_nodes`) rebuild the bm25s
+    index from the kept nodes: cost O(corpus tokens) per call (tokens are cached, so only new text
+    is re-tokenized; after :meth:`load` all nodes are re-tokenized once on the first update). Batch
+    your updates. Writers are serialised; queries see either the old or the new index, never a mix.
+
+    Example:
+        >>> bm25 = BM25Retriever.from_nodes(nodes, tokenizer_config=BM25TokenizerConfig(stemmer_language=None))
+        >>> bm25.with_filters(MetadataFilters(filters=[MetadataFilter(key="lang", value="en")])).retrieve("refund")
+    """
+
+    def __init__(
+        self,
+        nodes: Sequence[BaseNode] = (),
+        *,
+        tokenizer_config: Optional[BM25TokenizerConfig] = None,
+        k1: float = 1.5,
+        b: float = 0.75,
+        method: str = "lucene",
+        similarity_top_k: int = 10,
+        filters: Optional[MetadataFilters] = None,
+        metadata_mode: MetadataMode = MetadataMode.NONE,
+        callback_manager: Optional[CallbackManager] = None,
+        verbose: bool = False,
+    ) -> None:
+        """Index ``nodes``; see the class docstring for the parameters' meaning.
+
+        Args:
+            nodes: Nodes to index (copied; node ids must be unique).
+            tokenizer_config: Tokenization settings; default English stopwords + English stemmer.
+            k1: BM25 term-frequency saturation (>= 0).
+            b: BM25 length normalisation in [0, 1].
+            method: bm25s scoring variant, one of ``BM25_METHODS``.
+            similarity_top_k: Number of results per query (>= 1).
+            filters: Metadata filters applied to every query (None: no filtering).
+            metadata_mode: Which metadata is indexed along with the text (``node.get_content(mode)``).
+        """
+        super().__init__(callback_manager=callback_manager, verbose=verbose)
+        _check_params(k1, b, method, similarity_top_k)
+        if tokenizer_config is None:
+            tokenizer_config = BM25TokenizerConfig()
+        if not isinstance(tokenizer_config, BM25TokenizerConfig):
+            raise ValueError(f"tokenizer_config must be a BM25TokenizerConfig, got {type(tokenizer_config).__name__}")
+        self._tokenizer_config = tokenizer_config
+        self._tokenize = build_tokenizer(tokenizer_config)
+        self._params = _BM25Params(k1=float(k1), b=float(b), method=method)
+        self._metadata_mode = MetadataMode(metadata_mode)
+        self._similarity_top_k = similarity_top_k
+        self._filters = validate_filters(filters)
+        nodes = self._checked_copies(nodes)
+        self._shared = _SharedIndex(_build_snapshot(nodes, [self._tokens_of(n) for n in nodes], self._params))
+
+    @classmethod
+    def from_nodes(
+        cls,
+        nodes: Sequence[BaseNode],
+        tokenizer_config: Optional[BM25TokenizerConfig] = None,
+        k1: float = 1.5,
+        b: float = 0.75,
+        method: str = "lucene",
+        similarity_top_k: int = 10,
+        **kwargs: Any,
+    ) -> "BM25Retriever":
+        """Build a retriever over ``nodes`` (same arguments as the constructor)."""
+        return cls(
+            nodes,
+            tokenizer_config=tokenizer_config,
+            k1=k1,
+            b=b,
+            method=method,
+            similarity_top_k=similarity_top_k,
+            **kwargs,
+        )
+
+    # ----- properties -------------------------------------------------------------------------
+
+    @property
+    def tokenizer_config(self) -> BM25TokenizerConfig:
+        """The tokenizer settings (immutable)."""
+        return self._tokenizer_config
+
+    @property
+    def filters(self) -> Optional[MetadataFilters]:
+        """The metadata filters applied to every query of this retriever (or view)."""
+        return self._filters
+
+    @property
+    def similarity_top_k(self) -> int:
+        """Number of results per query."""
+        return self._similarity_top_k
+
+    @property
+    def params(self) -> Dict[str, Any]:
+        """BM25 parameters: k1, b, method."""
+        return {"k1": self._params.k1, "b": self._params.b, "method": self._params.method}
+
+    @property
+    def nodes(self) -> List[BaseNode]:
+        """Copies of the indexed nodes, in index order."""
+        return [_own_copy(n) for n in self._shared.snapshot.nodes]
+
+    def __len__(self) -> int:
+        return len(self._shared.snapshot.nodes)
+
+    def tokenize(self, text: str) -> List[str]:
+        """The BM25 terms of ``text`` under this retriever's tokenizer settings."""
+        return self._tokenize(text)
+
+    def with_filters(self, filters: Optional[MetadataFilters]) -> "BM25Retriever":
+        """A view of this index with other metadata filters (None: unfiltered); shares the index."""
+        view = copy.copy(self)
+        view._filters = validate_filters(filters)
+        return view
+
+    # ----- retrieval --------------------------------------------------------------------------
+
+    def _retrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
+        snapshot = self._shared.snapshot
+        matches = top_matches(snapshot, self._tokenize(query_bundle.query_str), self._similarity_top_k, self._filters)
+        logger.debug("bm25 query %r: %d results", query_bundle.query_str[:80], len(matches))
+        return [NodeWithScore(node=_own_copy(snapshot.nodes[i]), score=score) for i, score in matches]
+
+    # ----- updates ----------------------------------------------------------------------------
+
+    def insert_nodes(self, nodes: Sequence[BaseNode]) -> None:
+        """Add ``nodes``, first removing indexed nodes with the same node id or the same ref doc id.
+
+        Inserting the new chunks of a document therefore replaces all its old chunks, even when the
+        new version has fewer or differently named chunks. Rebuilds the bm25s index (see class doc).
+        """
+        incoming = self._checked_copies(nodes)
+        if not incoming:
+            return
+        new_ids = {n.node_id for n in incoming}
+        new_refs = {n.ref_doc_id for n in incoming if n.ref_doc_id is not None}
+        self._rebuild(
+            lambda n: n.node_id not in new_ids and (n.ref_doc_id is None or n.ref_doc_id not in new_refs),
+            incoming,
+        )
+
+    def delete_ref_doc(self, ref_doc_id: str) -> int:
+        """Remove every node whose ref doc id is ``ref_doc_id``; returns how many were removed."""
+        return self._rebuild(lambda n: n.ref_doc_id != ref_doc_id, [])
+
+    def delete_nodes(self, node_ids: Sequence[str]) -> int:
+        """Remove the nodes with these node ids; returns how many were removed."""
+        drop = set(node_ids)
+        return self._rebuild(lambda n: n.node_id not in drop, [])
+
+    def _rebuild(self, keep: Callable[[BaseNode], bool], incoming: List[BaseNode]) -> int:
+        """Swap in a snapshot of the kept nodes plus ``incoming``; returns the number removed."""
+        with self._shared.lock:
+            old = self._shared.snapshot
+            old_tokens = old.tokens
+            if old_tokens is None:
+                old_tokens = tuple(tuple(self._tokens_of(n)) for n in old.nodes)
+            kept = [i for i, n in enumerate(old.nodes) if keep(n)]
+            removed = len(old.nodes) - len(kept)
+            if removed == 0 and not incoming:
+                return 0
+            nodes = [old.nodes[i] for i in kept] + incoming
+            tokens = [old_tokens[i] for i in kept] + [self._tokens_of(n) for n in incoming]
+            self._shared.snapshot = _build_snapshot(nodes, tokens, self._params)
+        logger.info("bm25 index rebuilt: %d removed, %d added, %d nodes", removed, len(incoming), len(nodes))
+        return removed
+
+    def _tokens_of(self, node: BaseNode) -> List[str]:
+        return self._tokenize(node.get_content(metadata_mode=self._metadata_mode))
+
+    @staticmethod
+    def _checked_copies(nodes: Sequence[BaseNode]) -> List[BaseNode]:
+        bad = [type(n).__name__ for n in nodes if not isinstance(n, BaseNode)]
+        if bad:
+            raise ValueError(f"nodes must be llama_index BaseNode objects, got {sorted(set(bad))}")
+        _check_unique_ids(nodes)
+        return [_own_copy(n) for n in nodes]
+
+    # ----- persistence ------------------------------------------------------------------------
+
+    def persist(self, folder: Union[str, Path]) -> None:
+        """Save the bm25s index, the nodes (JSON), the tokenizer settings and the parameters.
+
+        Filters and ``custom_tokenizer`` are not saved: pass them to :meth:`load`.
+        """
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        snapshot = self._shared.snapshot
+        if snapshot.bm25 is not None:
+            snapshot.bm25.save(folder / _BM25S_DIR, show_progress=False)
+        with open(folder / _NODES_FILE, "w", encoding="utf-8") as f:
+            json.dump([doc_to_json(n) for n in snapshot.nodes], f, ensure_ascii=False)
+        config = {
+            "format_version": PERSIST_FORMAT_VERSION,
+            "bm25s_version": bm25s.__version__,
+            "k1": self._params.k1,
+            "b": self._params.b,
+            "method": self._params.method,
+            "similarity_top_k": self._similarity_top_k,
+            "metadata_mode": self._metadata_mode.value,
+            "num_nodes": len(snapshot.nodes),
+            "has_bm25_index": snapshot.bm25 is not None,
+            "tokenizer": self._tokenizer_config.to_persisted(),
+        }
+        with open(folder / _CONFIG_FILE, "w", encoding="utf-8") as f:
+            json.dump(config, f, indent=2, ensure_ascii=False)
+        logger.info("bm25 index with %d nodes saved to %s", len(snapshot.nodes), folder)
+
+    @classmethod
+    def load(
+        cls,
+        folder: Union[str, Path],
+        *,
+        custom_tokenizer: Optional[Callable[[str], List[str]]] = None,
+        filters: Optional[MetadataFilters] = None,
+        similarity_top_k: Optional[int] = None,
+        callback_manager: Optional[CallbackManager] = None,
+        verbose: bool = False,
+    ) -> "BM25Retriever":
+        """Load a retriever saved by :meth:`persist`; it scores exactly like the saved one.
+
+        Args:
+            folder: The folder given to ``persist``.
+            custom_tokenizer: Required if (and only if) the index was built with one; pass the same callable.
+            filters: Metadata filters for the loaded retriever (not persisted).
+            similarity_top_k: Override the saved number of results per query.
+        """
+        folder = Path(folder)
+        config_path = folder / _CONFIG_FILE
+        if not config_path.exists():
+            raise ValueError(f"{folder} holds no {_CONFIG_FILE}; is it a folder written by BM25Retriever.persist?")
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+        if config.get("format_version") != PERSIST_FORMAT_VERSION:
+            raise ValueError(
+                f"unsupported BM25Retriever format_version {config.get('format_version')!r} in {config_path}; "
+                f"this version reads {PERSIST_FORMAT_VERSION}"
+            )
+        tokenizer = dict(config["tokenizer"])
+        uses_custom = tokenizer.pop("uses_custom_tokenizer")
+        if uses_custom and custom_tokenizer is None:
+            raise ValueError(
+                f"the index in {folder} was built with a custom tokenizer, which is not persisted; "
+                "pass the same callable as BM25Retriever.load(..., custom_tokenizer=...)"
+            )
+        if not uses_custom and custom_tokenizer is not None:
+            raise ValueError(
+                f"the index in {folder} was built without a custom tokenizer; loading it with one would "
+                "tokenize queries differently from the index. Omit custom_tokenizer."
+            )
+        tokenizer_config = BM25TokenizerConfig(**tokenizer, custom_tokenizer=custom_tokenizer)
+        retriever = cls(
+            tokenizer_config=tokenizer_config,
+            k1=config["k1"],
+            b=config["b"],
+            method=config["method"],
+            similarity_top_k=similarity_top_k if similarity_top_k is not None else config["similarity_top_k"],
+            filters=filters,
+            metadata_mode=MetadataMode(config["metadata_mode"]),
+            callback_manager=callback_manager,
+            verbose=verbose,
+        )
+        nodes = [json_to_doc(d) for d in json.loads((folder / _NODES_FILE).read_text(encoding="utf-8"))]
+        if len(nodes) != config["num_nodes"]:
+            raise ValueError(f"{folder}: {_NODES_FILE} holds {len(nodes)} nodes, expected {config['num_nodes']}")
+        bm25 = None
+        if config["has_bm25_index"]:
+            bm25 = bm25s.BM25.load(folder / _BM25S_DIR, load_corpus=False, show_progress=False)
+            if bm25.scores["num_docs"] != len(nodes):
+                raise ValueError(
+                    f"{folder}: the bm25s index has {bm25.scores['num_docs']} documents but there are {len(nodes)} nodes"
+                )
+        retriever._shared = _SharedIndex(_Snapshot(nodes=tuple(nodes), bm25=bm25, tie_order=_tie_order(nodes), tokens=None))
+        logger.info("bm25 index with %d nodes loaded from %s", len(nodes), folder)
+        return retriever

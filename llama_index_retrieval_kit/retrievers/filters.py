@@ -1,0 +1,116 @@
+"""Evaluate LlamaIndex ``MetadataFilters`` against a node's metadata, in memory.
+
+Semantics follow LlamaIndex's ``SimpleVectorStore`` (``build_metadata_filter_fn``), plus nested
+``MetadataFilters``:
+
+* a missing key (or a ``None`` value) matches only ``NE`` and ``NIN`` (and ``IS_EMPTY``);
+* ``IN``/``NIN``: the metadata value is (not) one of the filter's list;
+* ``CONTAINS``: the filter value is in the metadata value (list membership, or substring when
+  the metadata value is a string); ``ANY``/``ALL``: any/all filter values are in the metadata list;
+* ``TEXT_MATCH``: the filter string is a substring of the metadata string (case-sensitive);
+  ``TEXT_MATCH_INSENSITIVE`` ignores case;
+* conditions: ``AND`` (default when None), ``OR``, and ``NOT`` = "none of the sub-filters match".
+  An empty filter list matches everything.
+
+One deliberate difference: a comparison Python cannot make (``"a" > 1``, ``TEXT_MATCH`` on a
+number) does not match, instead of raising ``TypeError`` mid-query. Malformed filters (``IN``
+without a list, ``TEXT_MATCH`` without a string, ...) are rejected up front by
+:func:`validate_filters`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional, Union
+
+from llama_index.core.vector_stores.types import FilterCondition, FilterOperator, MetadataFilter, MetadataFilters
+
+_LIST_OPERATORS = (FilterOperator.IN, FilterOperator.NIN, FilterOperator.ANY, FilterOperator.ALL)
+_TEXT_OPERATORS = (FilterOperator.TEXT_MATCH, FilterOperator.TEXT_MATCH_INSENSITIVE)
+_ORDER_OPERATORS = (FilterOperator.GT, FilterOperator.GTE, FilterOperator.LT, FilterOperator.LTE)
+
+
+def validate_filters(filters: Optional[MetadataFilters]) -> Optional[MetadataFilters]:
+    """Check ``filters`` (recursively) and return it; raise ValueError on a malformed filter."""
+    if filters is None:
+        return None
+    if not isinstance(filters, MetadataFilters):
+        raise ValueError(f"filters must be a llama_index MetadataFilters or None, got {type(filters).__name__}")
+    condition = filters.condition or FilterCondition.AND
+    if condition not in tuple(FilterCondition):
+        raise ValueError(f"unsupported filter condition {condition!r}; allowed: {[c.value for c in FilterCondition]}")
+    for sub in filters.filters:
+        if isinstance(sub, MetadataFilters):
+            validate_filters(sub)
+        else:
+            _validate_leaf(sub)
+    return filters
+
+
+def _validate_leaf(leaf: MetadataFilter) -> None:
+    op, value = leaf.operator, leaf.value
+    if op in _LIST_OPERATORS and not isinstance(value, list):
+        raise ValueError(f"filter on {leaf.key!r} with operator {op.value!r} needs a list value, got {value!r}")
+    if op in _TEXT_OPERATORS and not isinstance(value, str):
+        raise ValueError(f"filter on {leaf.key!r} with operator {op.value!r} needs a string value, got {value!r}")
+    if op in _ORDER_OPERATORS + (FilterOperator.CONTAINS,) and (value is None or isinstance(value, list)):
+        raise ValueError(
+            f"filter on {leaf.key!r} with operator {op.value!r} needs a single int, float or str value, got {value!r}"
+        )
+    if op not in tuple(FilterOperator):
+        raise ValueError(f"unsupported filter operator {op!r}; allowed: {[o.value for o in FilterOperator]}")
+
+
+def _leaf_matches(leaf: MetadataFilter, metadata: Mapping[str, Any]) -> bool:
+    op, wanted = leaf.operator, leaf.value
+    actual = metadata.get(leaf.key)
+    if op == FilterOperator.IS_EMPTY:
+        return actual is None or actual == "" or actual == []
+    if actual is None:
+        return op in (FilterOperator.NE, FilterOperator.NIN)
+    try:
+        if op == FilterOperator.EQ:
+            return bool(actual == wanted)
+        if op == FilterOperator.NE:
+            return bool(actual != wanted)
+        if op == FilterOperator.GT:
+            return bool(actual > wanted)
+        if op == FilterOperator.GTE:
+            return bool(actual >= wanted)
+        if op == FilterOperator.LT:
+            return bool(actual < wanted)
+        if op == FilterOperator.LTE:
+            return bool(actual <= wanted)
+        if op == FilterOperator.IN:
+            return actual in wanted  # type: ignore[operator]
+        if op == FilterOperator.NIN:
+            return actual not in wanted  # type: ignore[operator]
+        if op == FilterOperator.CONTAINS:
+            return isinstance(actual, (list, tuple, set, str)) and wanted in actual
+        if op == FilterOperator.ANY:
+            return isinstance(actual, (list, tuple, set)) and any(v in actual for v in wanted)  # type: ignore[union-attr]
+        if op == FilterOperator.ALL:
+            return isinstance(actual, (list, tuple, set)) and all(v in actual for v in wanted)  # type: ignore[union-attr]
+        if op == FilterOperator.TEXT_MATCH:
+            return isinstance(actual, str) and isinstance(wanted, str) and wanted in actual
+        if op == FilterOperator.TEXT_MATCH_INSENSITIVE:
+            return isinstance(actual, str) and isinstance(wanted, str) and wanted.lower() in actual.lower()
+    except TypeError:
+        return False
+    raise ValueError(f"unsupported filter operator {op!r}; allowed: {[o.value for o in FilterOperator]}")
+
+
+def metadata_matches(metadata: Mapping[str, Any], filters: Optional[Union[MetadataFilters, MetadataFilter]]) -> bool:
+    """True when ``metadata`` satisfies ``filters`` (None matches everything)."""
+    if filters is None:
+        return True
+    if isinstance(filters, MetadataFilter):
+        return _leaf_matches(filters, metadata)
+    matches = (metadata_matches(metadata, sub) for sub in filters.filters)
+    condition = filters.condition or FilterCondition.AND
+    if condition == FilterCondition.AND:
+        return all(matches)
+    if condition == FilterCondition.OR:
+        return any(matches)
+    if condition == FilterCondition.NOT:
+        return not any(matches)
+    raise ValueError(f"unsupported filter condition {condition!r}; allowed: {[c.value for c in FilterCondition]}")
