@@ -9,12 +9,11 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from llama_index.core.bridge.pydantic import Field, PrivateAttr, model_validator
 from llama_index.core.node_parser.interface import NodeParser
 from llama_index.core.schema import BaseNode, Document, NodeRelationship, RelatedNodeInfo, TextNode
-from llama_index.core.utils import get_tqdm_iterable
 
 from ..models import DEFAULT_EMBED_MODEL
 from .metadata import chunk_metadata, excluded_keys
 from .sections import HeadingRules, Section, compile_patterns, detect_headings, headings_from_outline, split_sections
-from .tokenization import TokenSpanFn, token_span_fn
+from .tokenization import BatchTokenSpanFn, batch_token_span_fn
 from .windows import Window, plan_windows
 
 
@@ -27,8 +26,7 @@ class DocumentTokens:
     starts: List[int]
 
     @classmethod
-    def build(cls, text: str, span_fn: TokenSpanFn) -> "DocumentTokens":
-        spans = span_fn(text)
+    def build(cls, text: str, spans: List[tuple]) -> "DocumentTokens":
         return cls(text, spans, [s for s, _ in spans])
 
     def windows(self, start: int, end: int, chunk_size: int, overlap: int, slack: float, min_tail: int) -> List[Window]:
@@ -84,7 +82,7 @@ class SectionAwareNodeParser(NodeParser):
     )
 
     _tokenizer: Optional[Callable[[str], Sequence]] = PrivateAttr(default=None)
-    _span_fn: Optional[TokenSpanFn] = PrivateAttr(default=None)
+    _span_fn: Optional[BatchTokenSpanFn] = PrivateAttr(default=None)
 
     def __init__(self, tokenizer: Optional[Callable[[str], Sequence]] = None, **data: Any) -> None:
         super().__init__(**data)
@@ -101,15 +99,23 @@ class SectionAwareNodeParser(NodeParser):
         return data
 
     # -- pieces used by subclasses -------------------------------------------------------
-    @property
-    def span_fn(self) -> TokenSpanFn:
+    def token_spans(self, texts: Sequence[str]) -> List[List[tuple]]:
+        """Token character spans of each text, as this parser measures tokens."""
         if self._span_fn is None:
-            self._span_fn = token_span_fn(self.tokenizer_name, self._tokenizer)
-        return self._span_fn
+            self._span_fn = batch_token_span_fn(self.tokenizer_name, self._tokenizer)
+        return self._span_fn(texts)
 
     def count_tokens(self, text: str) -> int:
         """Tokens in ``text`` as this parser measures them."""
-        return len(self.span_fn(text))
+        return len(self.token_spans([text])[0])
+
+    def tokenized_documents(self, nodes: Sequence[BaseNode], show_progress: bool, batch_size: int = 256) -> Any:
+        """Yield ``(doc, DocumentTokens)``, tokenizing documents in batches."""
+        for i in range(0, len(nodes), batch_size):
+            batch = list(nodes[i : i + batch_size])
+            texts = [doc.get_content() for doc in batch]
+            for doc, text, spans in zip(batch, texts, self.token_spans(texts)):
+                yield doc, DocumentTokens.build(text, spans)
 
     def heading_rules(self) -> HeadingRules:
         return HeadingRules(
@@ -144,8 +150,12 @@ class SectionAwareNodeParser(NodeParser):
         end: int,
         section: Section,
         extra: Optional[Dict[str, Any]] = None,
+        source: Optional[RelatedNodeInfo] = None,
     ) -> TextNode:
-        """A TextNode for ``doc.text[start:end]`` carrying the metadata contract."""
+        """A TextNode for ``doc.text[start:end]`` carrying the metadata contract.
+
+        ``source`` is ``doc.as_related_node_info()``; pass it in to hash the document once.
+        """
         doc_id = doc.metadata.get("doc_id") or doc.node_id
         meta = chunk_metadata(doc.metadata, doc_id, kind, index, start, end, section.title, section.path)
         if extra:
@@ -162,11 +172,17 @@ class SectionAwareNodeParser(NodeParser):
             start_char_idx=start,
             end_char_idx=end,
         )
-        node.relationships[NodeRelationship.SOURCE] = doc.as_related_node_info()
+        node.relationships[NodeRelationship.SOURCE] = source.model_copy() if source else doc.as_related_node_info()
         return node
 
     def iter_documents(self, nodes: Sequence[BaseNode], show_progress: bool) -> Any:
-        return get_tqdm_iterable(nodes, show_progress, f"Parsing ({self.class_name()})")
+        """``(doc, DocumentTokens)`` pairs with a progress bar."""
+        items = self.tokenized_documents(nodes, show_progress)
+        if not show_progress:
+            return items
+        from tqdm.auto import tqdm
+
+        return tqdm(items, total=len(nodes), desc=f"Parsing ({self.class_name()})", unit="doc")
 
     # -- LlamaIndex hooks --------------------------------------------------------------
     def _postprocess_parsed_nodes(self, nodes: List[BaseNode], parent_doc_map: Dict[str, Document]) -> List[BaseNode]:

@@ -50,27 +50,30 @@ class SectionHierarchyNodeParser(SectionAwareNodeParser):
 
     def _parse_nodes(self, nodes: Sequence[BaseNode], show_progress: bool = False, **kwargs: Any) -> List[BaseNode]:
         out: List[BaseNode] = []
-        for doc in self.iter_documents(nodes, show_progress):
-            parents, children = self.split_document(doc)
+        for doc, tokens in self.iter_documents(nodes, show_progress):
+            parents, children = self.split_document(doc, tokens)
             out.extend(parents)
             out.extend(children)
         return out
 
-    def split_document(self, doc: BaseNode) -> tuple[List[TextNode], List[TextNode]]:
+    def split_document(self, doc: BaseNode, tokens: DocumentTokens | None = None) -> tuple[List[TextNode], List[TextNode]]:
         """(parents, children) of one document, each in reading order."""
         text = doc.get_content()
         if not text.strip():
             return [], []
-        tokens = DocumentTokens.build(text, self.span_fn)
+        if tokens is None:
+            tokens = DocumentTokens.build(text, self.token_spans([text])[0])
         parents: List[TextNode] = []
         children: List[TextNode] = []
+        source = doc.as_related_node_info()
         for section in self.sections_of(doc):
             for pw in tokens.windows(
                 section.start, section.end, self.parent_chunk_size, 0, self.sentence_slack, self.min_chunk_tokens
             ):
                 if not text[pw.start : pw.end].strip():
                     continue
-                parent = self.make_node(doc, "parent", len(parents), pw.start, pw.end, section)
+                parent = self.make_node(doc, "parent", len(parents), pw.start, pw.end, section, source=source)
+                parent_hash = parent.hash
                 parents.append(parent)
                 kids: List[TextNode] = []
                 for cw in tokens.windows(
@@ -90,12 +93,12 @@ class SectionHierarchyNodeParser(SectionAwareNodeParser):
                     }
                     if self.store_parent_text:
                         extra["parent_text"] = parent.text
-                    child = self.make_node(doc, "chunk", len(children), cw.start, cw.end, section, extra)
+                    child = self.make_node(doc, "chunk", len(children), cw.start, cw.end, section, extra, source)
                     child.relationships[NodeRelationship.PARENT] = RelatedNodeInfo(
                         node_id=parent.node_id,
                         node_type=ObjectType.TEXT,
                         metadata={"section_title": section.title, "char_start": pw.start, "char_end": pw.end},
-                        hash=parent.hash,
+                        hash=parent_hash,
                     )
                     kids.append(child)
                 parent.relationships[NodeRelationship.CHILD] = [

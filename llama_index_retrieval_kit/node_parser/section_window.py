@@ -46,17 +46,19 @@ class SectionWindowNodeParser(SectionAwareNodeParser):
 
     def _parse_nodes(self, nodes: Sequence[BaseNode], show_progress: bool = False, **kwargs: Any) -> List[BaseNode]:
         out: List[BaseNode] = []
-        for doc in self.iter_documents(nodes, show_progress):
-            out.extend(self.split_document(doc))
+        for doc, tokens in self.iter_documents(nodes, show_progress):
+            out.extend(self.split_document(doc, tokens))
         return out
 
-    def split_document(self, doc: BaseNode) -> List[TextNode]:
+    def split_document(self, doc: BaseNode, tokens: DocumentTokens | None = None) -> List[TextNode]:
         """The chunks of one document, in reading order."""
         text = doc.get_content()
         if not text.strip():
             return []
-        tokens = DocumentTokens.build(text, self.span_fn)
+        if tokens is None:
+            tokens = DocumentTokens.build(text, self.token_spans([text])[0])
         chunks: List[TextNode] = []
+        source = doc.as_related_node_info()
         for section in self.sections_of(doc):
             for w in tokens.windows(
                 section.start,
@@ -68,7 +70,7 @@ class SectionWindowNodeParser(SectionAwareNodeParser):
             ):
                 if not text[w.start : w.end].strip():
                     continue
-                chunks.append(self.make_node(doc, "chunk", len(chunks), w.start, w.end, section))
+                chunks.append(self.make_node(doc, "chunk", len(chunks), w.start, w.end, section, source=source))
         if self.include_prev_next_rel:
             link_prev_next(chunks)
         return chunks

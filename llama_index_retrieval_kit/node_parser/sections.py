@@ -265,6 +265,8 @@ def detect_headings(text: str, rules: HeadingRules | None = None) -> list[Headin
                 title = m.group(2).strip()
                 candidates.append(_Candidate(Heading(title, len(m.group(1)), h_start, h_end, "markdown"), i))
                 continue
+        if len(stripped) > 2 * rules.max_heading_chars:
+            continue  # a paragraph, not a heading (keeps the regexes below off long lines)
         toc_like = _is_toc_line(stripped)
         if rules.numbered:
             m = _NUMBERED.match(stripped)

@@ -78,6 +78,13 @@ def check_weights(n_legs: int, weights: Optional[Sequence[float]]) -> List[float
     return weights
 
 
+def check_rrf_k(k: float) -> float:
+    """The RRF offset ``k`` as a float, checked to be finite and >= 0."""
+    if isinstance(k, bool) or not isinstance(k, (int, float)) or not math.isfinite(k) or k < 0:
+        raise ValueError(f"RRF k must be a finite number >= 0, got {k!r}")
+    return float(k)
+
+
 def _check_top_k(top_k: Optional[int]) -> None:
     if top_k is None:
         return
@@ -115,18 +122,17 @@ def _fuse(
 ) -> List[NodeWithScore]:
     """Score every candidate with ``score_fn`` and sort deterministically.
 
-    Order: fused score (high first), then the best rank in a positively weighted leg, then the best
-    rank in any leg, then node id. Ranks in zero-weight legs never decide between documents that a
-    weighted leg returned, so a zero weight really removes a leg.
+    Order: fused score (high first), then the best rank in a positively weighted leg (documents
+    only zero-weight legs returned come last), then node id. Zero-weight legs never influence the
+    order, so a zero weight really removes a leg.
     """
     weight_of = dict(zip(names, weights))
     scored = []
     for node_id, candidate in candidates.items():
         weighted_ranks = [r for leg, r in candidate.leg_ranks.items() if weight_of[leg] > 0]
         best_weighted = min(weighted_ranks) if weighted_ranks else math.inf
-        best_any = min(candidate.leg_ranks.values())
         score = score_fn(candidate)
-        scored.append(((-score, best_weighted, best_any, node_id), score, candidate))
+        scored.append(((-score, best_weighted, node_id), score, candidate))
     scored.sort(key=lambda item: item[0])
     if top_k is not None:
         scored = scored[:top_k]
@@ -158,7 +164,7 @@ def reciprocal_rank_fusion(
     convention (Qdrant ``k = 59`` equals ``k = 60`` here).
 
     A document returned only by zero-weight legs gets score 0.0 and is ranked after every document
-    a weighted leg returned. Ties are broken by best rank, then node id.
+    a weighted leg returned. Ties are broken by the best rank in a weighted leg, then node id.
 
     Args:
         ranked_lists: One list per leg, best first.
@@ -170,9 +176,7 @@ def reciprocal_rank_fusion(
     Returns:
         New :class:`FusedNodeWithScore` objects, best first, pointing at the caller's node objects.
     """
-    k = float(k)
-    if not math.isfinite(k) or k < 0:
-        raise ValueError(f"k must be a finite number >= 0, got {k!r}")
+    k = check_rrf_k(k)
     _check_top_k(top_k)
     legs = leg_names(len(ranked_lists), names)
     leg_weights = check_weights(len(ranked_lists), weights)

@@ -1,0 +1,125 @@
+"""Hybrid retrieval: run several LlamaIndex retrievers (e.g. BM25 + dense) and fuse their rankings."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import List, Optional, Sequence, Union
+
+from llama_index.core.base.base_retriever import BaseRetriever
+from llama_index.core.callbacks.base import CallbackManager
+from llama_index.core.schema import NodeWithScore, QueryBundle
+
+from .fusion import DEFAULT_RRF_K, check_rrf_k, check_weights, leg_names, reciprocal_rank_fusion, score_fusion
+
+logger = logging.getLogger(__name__)
+
+FUSION_MODES = ("rrf", "score")
+
+
+def _check_depths(n_legs: int, candidate_top_k: Union[int, Sequence[int], None]) -> List[Optional[int]]:
+    """Per-leg candidate depth: None (keep all the leg returns) or an int >= 1."""
+    if candidate_top_k is None:
+        return [None] * n_legs
+    depths = [candidate_top_k] * n_legs if isinstance(candidate_top_k, int) else list(candidate_top_k)
+    if len(depths) != n_legs:
+        raise ValueError(f"candidate_top_k has {len(depths)} entries ({depths!r}); expected one per retriever ({n_legs})")
+    if any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in depths):
+        raise ValueError(f"candidate_top_k must be an int >= 1 or one such int per retriever, got {candidate_top_k!r}")
+    return depths
+
+
+class HybridRetriever(BaseRetriever):
+    """Fuse the rankings of two or more retrievers (any LlamaIndex ``BaseRetriever``).
+
+    Each leg is queried with the same ``QueryBundle`` through its public ``retrieve``/``aretrieve``
+    (so callbacks and instrumentation see it), its results are cut to ``candidate_top_k``, and the
+    lists are fused by weighted reciprocal rank fusion (``mode="rrf"``) or by a convex combination
+    of min-max normalised scores (``mode="score"``). Results are
+    :class:`~llama_index_retrieval_kit.retrievers.fusion.FusedNodeWithScore` objects carrying each
+    leg's rank and raw score under the leg's name.
+
+    Candidate depth: the legs are never reconfigured. A leg returns as many results as it is set
+    up for (e.g. its own ``similarity_top_k``) and ``candidate_top_k`` only truncates that list, so
+    to fuse deeper candidates build the leg deeper, e.g. ``index.as_retriever(similarity_top_k=50)``.
+    A warning is logged when a leg's ``similarity_top_k`` is below its requested depth.
+
+    ``_aretrieve`` queries the legs concurrently with ``asyncio.gather``; a leg without a native
+    async implementation runs synchronously inside the event loop (LlamaIndex's default).
+    """
+
+    def __init__(
+        self,
+        retrievers: Sequence[BaseRetriever],
+        names: Optional[Sequence[str]] = None,
+        mode: str = "rrf",
+        rrf_k: float = DEFAULT_RRF_K,
+        weights: Optional[Sequence[float]] = None,
+        candidate_top_k: Union[int, Sequence[int], None] = None,
+        similarity_top_k: int = 10,
+        callback_manager: Optional[CallbackManager] = None,
+        verbose: bool = False,
+    ) -> None:
+        """Set up the fusion; all arguments are checked here.
+
+        Args:
+            retrievers: Two or more retrievers (the legs).
+            names: Leg names for ``leg_ranks``/``leg_scores``; default ``leg0``, ``leg1``, ...
+            mode: ``"rrf"`` (reciprocal rank fusion) or ``"score"`` (normalised score fusion).
+            rrf_k: RRF rank offset (>= 0), ranks counted from 1; used in ``"rrf"`` mode.
+            weights: One weight (>= 0) per leg; default equal.
+            candidate_top_k: Per-leg depth (int for all legs, or one int per leg); None keeps all.
+            similarity_top_k: Number of fused results (>= 1).
+        """
+        super().__init__(callback_manager=callback_manager, verbose=verbose)
+        retrievers = list(retrievers)
+        if len(retrievers) < 2:
+            raise ValueError(f"HybridRetriever needs at least 2 retrievers, got {len(retrievers)}")
+        bad = [type(r).__name__ for r in retrievers if not isinstance(r, BaseRetriever)]
+        if bad:
+            raise ValueError(f"retrievers must be llama_index BaseRetriever objects, got {bad}")
+        if mode not in FUSION_MODES:
+            raise ValueError(f"mode {mode!r} is not supported; use one of {FUSION_MODES}")
+        if isinstance(similarity_top_k, bool) or not isinstance(similarity_top_k, int) or similarity_top_k < 1:
+            raise ValueError(f"similarity_top_k must be an int >= 1, got {similarity_top_k!r}")
+        self._retrievers = retrievers
+        self._names = leg_names(len(retrievers), names)
+        self._weights = check_weights(len(retrievers), weights)
+        self._depths = _check_depths(len(retrievers), candidate_top_k)
+        self._mode = mode
+        self._rrf_k = check_rrf_k(rrf_k)
+        self._similarity_top_k = similarity_top_k
+        for name, leg, depth in zip(self._names, retrievers, self._depths):
+            leg_top_k = getattr(leg, "similarity_top_k", None)
+            if depth is not None and isinstance(leg_top_k, int) and leg_top_k < depth:
+                logger.warning(
+                    "leg %r returns at most %d results but candidate_top_k asks for %d; "
+                    "configure the leg deeper (e.g. similarity_top_k=%d) to fuse that many",
+                    name,
+                    leg_top_k,
+                    depth,
+                    depth,
+                )
+
+    @property
+    def names(self) -> List[str]:
+        """The leg names, in leg order."""
+        return list(self._names)
+
+    def _fuse(self, leg_results: Sequence[Sequence[NodeWithScore]]) -> List[NodeWithScore]:
+        """Truncate each leg to its depth and fuse."""
+        truncated = [list(results)[:depth] for results, depth in zip(leg_results, self._depths)]
+        for name, results in zip(self._names, truncated):
+            logger.debug("hybrid leg %r: %d candidates", name, len(results))
+        if self._mode == "rrf":
+            return reciprocal_rank_fusion(
+                truncated, k=self._rrf_k, weights=self._weights, top_k=self._similarity_top_k, names=self._names
+            )
+        return score_fusion(truncated, weights=self._weights, top_k=self._similarity_top_k, names=self._names)
+
+    def _retrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
+        return self._fuse([leg.retrieve(query_bundle) for leg in self._retrievers])
+
+    async def _aretrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
+        results = await asyncio.gather(*(leg.aretrieve(query_bundle) for leg in self._retrievers))
+        return self._fuse(results)

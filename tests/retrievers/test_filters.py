@@ -1,0 +1,71 @@
+"""Metadata filter semantics: agree with LlamaIndex's SimpleVectorStore per leaf, plus nesting."""
+
+from __future__ import annotations
+
+from typing import Any, Dict
+
+import pytest
+from hypothesis import given, settings
+from llama_index.core.vector_stores.types import FilterCondition, FilterOperator, MetadataFilter, MetadataFilters
+
+from llama_index_retrieval_kit.retrievers.filters import metadata_matches, validate_filters
+
+from ._strategies import filters_st, metadata_st, oracle_matches
+
+
+@settings(max_examples=300, deadline=None)
+@given(metadata=metadata_st, filters=filters_st)
+def test_matches_reference_semantics(metadata: Dict[str, Any], filters: MetadataFilters) -> None:
+    assert metadata_matches(metadata, filters) == oracle_matches(metadata, filters)
+
+
+def test_nested_and_or_not() -> None:
+    en_2020 = MetadataFilters(
+        filters=[MetadataFilter(key="lang", value="en"), MetadataFilter(key="year", value=2020, operator=">=")],
+    )
+    not_draft = MetadataFilters(filters=[MetadataFilter(key="status", value="draft")], condition=FilterCondition.NOT)
+    f = MetadataFilters(filters=[en_2020, not_draft], condition=FilterCondition.AND)
+    assert metadata_matches({"lang": "en", "year": 2021}, f)
+    assert not metadata_matches({"lang": "en", "year": 2021, "status": "draft"}, f)
+    assert not metadata_matches({"lang": "en", "year": 2019}, f)
+    either = MetadataFilters(filters=[en_2020, MetadataFilter(key="lang", value="de")], condition=FilterCondition.OR)
+    assert metadata_matches({"lang": "de"}, either)
+
+
+def test_missing_key_matches_only_negations() -> None:
+    assert metadata_matches({}, MetadataFilters(filters=[MetadataFilter(key="k", value=1, operator="!=")]))
+    assert metadata_matches({}, MetadataFilters(filters=[MetadataFilter(key="k", value=[1], operator="nin")]))
+    for op in ("==", ">", "<", ">=", "<=", "in", "contains", "text_match"):
+        value: Any = [1] if op == "in" else ("x" if op == "text_match" else 1)
+        assert not metadata_matches({}, MetadataFilters(filters=[MetadataFilter(key="k", value=value, operator=op)]))
+
+
+def test_incomparable_types_do_not_match_instead_of_raising() -> None:
+    f = MetadataFilters(filters=[MetadataFilter(key="year", value=2020, operator=FilterOperator.GT)])
+    assert not metadata_matches({"year": "recent"}, f)
+    text = MetadataFilters(filters=[MetadataFilter(key="year", value="20", operator=FilterOperator.TEXT_MATCH)])
+    assert not metadata_matches({"year": 2020}, text)
+
+
+def test_empty_filter_list_matches_everything() -> None:
+    assert metadata_matches({"a": 1}, MetadataFilters(filters=[]))
+    assert metadata_matches({"a": 1}, None)
+
+
+@pytest.mark.parametrize(
+    "leaf",
+    [
+        MetadataFilter(key="k", value="x", operator=FilterOperator.IN),
+        MetadataFilter(key="k", value=3, operator=FilterOperator.TEXT_MATCH),
+        MetadataFilter(key="k", value=None, operator=FilterOperator.GT),
+        MetadataFilter(key="k", value=["a"], operator=FilterOperator.CONTAINS),
+    ],
+)
+def test_malformed_filters_rejected_up_front(leaf: MetadataFilter) -> None:
+    with pytest.raises(ValueError, match="'k'"):
+        validate_filters(MetadataFilters(filters=[MetadataFilters(filters=[leaf])]))
+
+
+def test_validate_rejects_non_filters() -> None:
+    with pytest.raises(ValueError, match="MetadataFilters"):
+        validate_filters({"lang": "en"})  # type: ignore[arg-type]

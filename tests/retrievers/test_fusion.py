@@ -1,0 +1,199 @@
+"""Reciprocal rank fusion and score fusion: known answers, properties, validation, no mutation."""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from llama_index.core.schema import NodeWithScore, TextNode
+
+from llama_index_retrieval_kit.retrievers import FusedNodeWithScore, reciprocal_rank_fusion, score_fusion
+
+POOL = {name: TextNode(id_=name, text=f"text of {name}") for name in "abcdefghij"}
+
+
+def leg(*ids: str, scores: Optional[Sequence[float]] = None) -> List[NodeWithScore]:
+    """A ranked list over the shared node pool (scores default to a descending ramp)."""
+    scores = scores if scores is not None else [float(len(ids) - i) for i in range(len(ids))]
+    return [NodeWithScore(node=POOL[i], score=s) for i, s in zip(ids, scores)]
+
+
+def summary(results: List[NodeWithScore]) -> List[Tuple[str, float, Dict[str, int]]]:
+    return [(r.node.node_id, r.score, dict(r.leg_ranks)) for r in results]  # type: ignore[attr-defined]
+
+
+# ----- known answers -----------------------------------------------------------------------------
+
+
+def test_rrf_known_answer() -> None:
+    fused = reciprocal_rank_fusion([leg("a", "b", "c"), leg("c", "a", "d")], k=60)
+    expected = {
+        "a": 1 / 61 + 1 / 62,
+        "b": 1 / 62,
+        "c": 1 / 63 + 1 / 61,
+        "d": 1 / 63,
+    }
+    assert [r.node.node_id for r in fused] == ["a", "c", "b", "d"]
+    for r in fused:
+        assert r.score == pytest.approx(expected[r.node.node_id], rel=1e-15)
+    a = fused[0]
+    assert isinstance(a, FusedNodeWithScore)
+    assert a.leg_ranks == {"leg0": 1, "leg1": 2}
+    assert a.leg_scores == {"leg0": 3.0, "leg1": 2.0}
+    assert fused[2].leg_ranks == {"leg0": 2}
+
+
+def test_rrf_weights_k_names_and_top_k() -> None:
+    fused = reciprocal_rank_fusion(
+        [leg("a", "b"), leg("b", "a")], k=0, weights=[1.0, 3.0], names=["bm25", "dense"], top_k=1
+    )
+    # a: 1/1 + 3/2 = 2.5; b: 1/2 + 3/1 = 3.5
+    assert [(r.node.node_id, r.score) for r in fused] == [("b", 3.5)]
+    assert fused[0].leg_ranks == {"bm25": 2, "dense": 1}
+
+
+def test_rrf_ties_broken_by_best_rank_then_node_id() -> None:
+    fused = reciprocal_rank_fusion([leg("c", "b"), leg("b", "c")])
+    assert [r.node.node_id for r in fused] == ["b", "c"]  # equal score, equal best rank -> node id
+    # k=0: e = 2/1, d = 1/1 (rank 1), c = 2/2 (rank 2): d and c tie on score, d has the better rank.
+    fused = reciprocal_rank_fusion([leg("d"), leg("e", "c")], k=0, weights=[1, 2])
+    assert [(r.node.node_id, r.score) for r in fused] == [("e", 2.0), ("d", 1.0), ("c", 1.0)]
+
+
+def test_duplicate_in_one_leg_keeps_best_rank() -> None:
+    fused = reciprocal_rank_fusion([leg("a", "b", "a", "c")])
+    assert [(r.node.node_id, r.leg_ranks["leg0"]) for r in fused] == [("a", 1), ("b", 2), ("c", 3)]
+
+
+def test_score_fusion_known_answer() -> None:
+    fused = score_fusion([leg("a", "b", "c", scores=[10, 5, 0]), leg("c", "a", scores=[0.9, 0.1])])
+    # leg0 normalised: a 1, b .5, c 0; leg1: c 1, a 0; equal weights -> a .5, b .25, c .5
+    assert [(r.node.node_id, r.score) for r in fused] == [("a", 0.5), ("c", 0.5), ("b", 0.25)]
+    weighted = score_fusion([leg("a", "b", "c", scores=[10, 5, 0]), leg("c", "a", scores=[0.9, 0.1])], weights=[1, 3])
+    assert [(r.node.node_id, r.score) for r in weighted] == [("c", 0.75), ("a", 0.25), ("b", 0.125)]
+
+
+def test_score_fusion_constant_leg_and_missing_scores() -> None:
+    fused = score_fusion([leg("a", "b", scores=[2, 2]), leg("b", scores=[7])])
+    assert [(r.node.node_id, r.score) for r in fused] == [("b", 1.0), ("a", 0.5)]
+    with pytest.raises(ValueError, match="finite score"):
+        score_fusion([[NodeWithScore(node=POOL["a"], score=None)]])
+
+
+def test_empty_inputs() -> None:
+    assert reciprocal_rank_fusion([]) == []
+    assert reciprocal_rank_fusion([[], []]) == []
+    assert score_fusion([[], leg("a")])[0].score == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"k": -1}, "k must be"),
+        ({"k": float("nan")}, "k must be"),
+        ({"weights": [1.0]}, "weights has 1"),
+        ({"weights": [1.0, -0.5]}, "weights must be"),
+        ({"weights": [1.0, float("inf")]}, "weights must be"),
+        ({"top_k": 0}, "top_k"),
+        ({"names": ["x", "x"]}, "unique"),
+        ({"names": ["x"]}, "names has 1"),
+    ],
+)
+def test_rrf_validation(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        reciprocal_rank_fusion([leg("a"), leg("b")], **kwargs)
+
+
+def test_inputs_not_mutated_and_nodes_shared() -> None:
+    legs = [leg("a", "b"), leg("b", "c")]
+    before = [[(r.score, r.node.to_dict()) for r in lst] for lst in legs]
+    for fuse in (reciprocal_rank_fusion, score_fusion):
+        fused = fuse(legs)
+        assert all(r.node is POOL[r.node.node_id] for r in fused)
+        assert not any(r is x for r in fused for lst in legs for x in lst)
+    assert [[(r.score, r.node.to_dict()) for r in lst] for lst in legs] == before
+
+
+# ----- properties --------------------------------------------------------------------------------
+
+IDS = list(POOL)
+leg_st = st.lists(st.sampled_from(IDS), unique=True, max_size=6)
+weight_st = st.one_of(st.just(0.0), st.floats(min_value=0.01, max_value=5.0))
+
+
+@st.composite
+def legs_and_weights(draw: st.DrawFn, min_legs: int = 1) -> Tuple[List[List[str]], List[float]]:
+    legs = draw(st.lists(leg_st, min_size=min_legs, max_size=4))
+    weights = draw(st.lists(weight_st, min_size=len(legs), max_size=len(legs)))
+    return legs, weights
+
+
+def build(legs: List[List[str]]) -> List[List[NodeWithScore]]:
+    return [leg(*ids) for ids in legs]
+
+
+@settings(max_examples=200, deadline=None)
+@given(lw=legs_and_weights(), k=st.floats(min_value=0, max_value=200), data=st.data())
+def test_rrf_is_independent_of_leg_order(lw: Tuple[List[List[str]], List[float]], k: float, data: st.DataObject) -> None:
+    legs, weights = lw
+    names = [f"L{i}" for i in range(len(legs))]
+    perm = data.draw(st.permutations(range(len(legs))))
+    original = reciprocal_rank_fusion(build(legs), k=k, weights=weights, names=names)
+    permuted = reciprocal_rank_fusion(
+        build([legs[i] for i in perm]), k=k, weights=[weights[i] for i in perm], names=[names[i] for i in perm]
+    )
+    assert summary(original) == summary(permuted)
+    s_original = score_fusion(build(legs), weights=weights, names=names)
+    s_permuted = score_fusion(build([legs[i] for i in perm]), weights=[weights[i] for i in perm], names=[names[i] for i in perm])
+    assert summary(s_original) == summary(s_permuted)
+
+
+@settings(max_examples=200, deadline=None)
+@given(lw=legs_and_weights(), k=st.floats(min_value=0, max_value=200), top=st.sampled_from(IDS))
+def test_document_first_in_every_leg_is_first(lw: Tuple[List[List[str]], List[float]], k: float, top: str) -> None:
+    legs, weights = lw
+    assume(any(w > 0 for w in weights))
+    legs = [[top] + [i for i in ids if i != top] for ids in legs]
+    assert reciprocal_rank_fusion(build(legs), k=k, weights=weights)[0].node.node_id == top
+    assert score_fusion(build(legs), weights=weights)[0].node.node_id == top
+
+
+@settings(max_examples=200, deadline=None)
+@given(lw=legs_and_weights(min_legs=2), k=st.floats(min_value=0, max_value=200), data=st.data())
+def test_zero_weight_removes_a_leg(lw: Tuple[List[List[str]], List[float]], k: float, data: st.DataObject) -> None:
+    """Zero weight == leg absent, except documents only that leg returned: score 0, ranked last."""
+    legs, weights = lw
+    j = data.draw(st.integers(min_value=0, max_value=len(legs) - 1))
+    weights = [0.0 if i == j else w for i, w in enumerate(weights)]
+    names = [f"L{i}" for i in range(len(legs))]
+    rest = [i for i in range(len(legs)) if i != j]
+    for fuse, kwargs in ((reciprocal_rank_fusion, {"k": k}), (score_fusion, {})):
+        with_zero = fuse(build(legs), weights=weights, names=names, **kwargs)
+        without = fuse(build([legs[i] for i in rest]), weights=[weights[i] for i in rest], names=[names[i] for i in rest], **kwargs)
+        in_rest = {node_id for i in rest for node_id in legs[i]}
+        kept = [(r.node.node_id, r.score) for r in with_zero if r.node.node_id in in_rest]
+        assert kept == [(r.node.node_id, r.score) for r in without]
+        only_j = [pos for pos, r in enumerate(with_zero) if r.node.node_id not in in_rest]
+        assert {with_zero[pos].node.node_id for pos in only_j} == set(legs[j]) - in_rest
+        assert all(with_zero[pos].score == 0.0 for pos in only_j)
+        weighted = {node_id for i in rest if weights[i] > 0 for node_id in legs[i]}
+        last_weighted = max((pos for pos, r in enumerate(with_zero) if r.node.node_id in weighted), default=-1)
+        assert all(pos > last_weighted for pos in only_j)
+
+
+@settings(max_examples=200, deadline=None)
+@given(lw=legs_and_weights(), k=st.floats(min_value=0, max_value=200), top_k=st.none() | st.integers(1, 12))
+def test_rrf_scores_follow_the_formula(lw: Tuple[List[List[str]], List[float]], k: float, top_k: Optional[int]) -> None:
+    legs, weights = lw
+    fused = reciprocal_rank_fusion(build(legs), k=k, weights=weights, top_k=top_k)
+    expected = {}
+    for node_id in {i for ids in legs for i in ids}:
+        expected[node_id] = math.fsum(w / (k + (ids.index(node_id) + 1)) for ids, w in zip(legs, weights) if node_id in ids)
+    assert len(fused) == min(len(expected), top_k or len(expected))
+    for r in fused:
+        assert r.score == expected[r.node.node_id]
+        assert r.leg_ranks == {f"leg{n}": ids.index(r.node.node_id) + 1 for n, ids in enumerate(legs) if r.node.node_id in ids}
+    assert [r.score for r in fused] == sorted(expected.values(), reverse=True)[: len(fused)]
