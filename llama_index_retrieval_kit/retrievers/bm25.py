@@ -9,8 +9,10 @@ Compared with LlamaIndex's own ``BM25Retriever`` (llama-index-retrievers-bm25) t
 * supports insert / replace / delete by node id or ref doc id without stale or duplicate chunks.
 
 Scores are raw BM25 scores from bm25s. A node is returned only if it shares at least one query
-term with the query and its score is positive (with ``method="robertson"`` or ``"atire"`` a term
-found in (more than half of) all documents has idf 0, so matching only such terms scores 0).
+term with the query and its score is positive: with ``method="robertson"`` a term found in more
+than half of the documents, and with ``"atire"`` a term found in every document, has idf 0, so a
+node matching only such terms scores 0 and is not returned.
+A term repeated in the query counts once per occurrence (bm25s sums per query token).
 """
 
 from __future__ import annotations
@@ -194,7 +196,11 @@ class _BM25Params:
 
 
 def _own_copy(node: BaseNode) -> BaseNode:
-    """A copy that shares nothing mutable that filters or callers touch (metadata is deep-copied)."""
+    """A shallow copy of ``node`` with its own deep-copied metadata.
+
+    Cheap, and enough that neither the caller nor a downstream postprocessor can change the text
+    or the metadata (which filters read) of what the index holds.
+    """
     return node.model_copy(update={"metadata": copy.deepcopy(node.metadata)})
 
 
@@ -231,7 +237,7 @@ def _check_unique_ids(nodes: Sequence[BaseNode]) -> None:
         raise ValueError(f"node ids must be unique within one call; duplicated: {sorted(duplicates)[:10]!r}")
 
 
-def top_matches(
+def _top_matches(
     snapshot: _Snapshot,
     query_tokens: Sequence[str],
     top_k: int,
@@ -407,7 +413,7 @@ class BM25Retriever(BaseRetriever):
 
     def _retrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
         snapshot = self._shared.snapshot
-        matches = top_matches(snapshot, self._tokenize(query_bundle.query_str), self._similarity_top_k, self._filters)
+        matches = _top_matches(snapshot, self._tokenize(query_bundle.query_str), self._similarity_top_k, self._filters)
         logger.debug("bm25 query %r: %d results", query_bundle.query_str[:80], len(matches))
         return [NodeWithScore(node=_own_copy(snapshot.nodes[i]), score=score) for i, score in matches]
 

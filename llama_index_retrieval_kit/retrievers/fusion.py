@@ -160,8 +160,9 @@ def reciprocal_rank_fusion(
     did not return ``d`` adds nothing. Only ranks matter, so legs with incomparable score scales
     (BM25 vs cosine) fuse without normalisation.
 
-    Note: Qdrant's server-side RRF counts ranks from 0, so its ``k`` is offset by one from this
-    convention (Qdrant ``k = 59`` equals ``k = 60`` here).
+    Note: Qdrant's server-side RRF scores ``1 / (k_q + position)`` with positions counted from 0,
+    i.e. ``1 / (k_q - 1 + rank)``; its ``k`` is offset by one from this convention: Qdrant
+    ``k = 61`` equals ``k = 60`` here, and Qdrant's default ``k = 2`` equals ``k = 1`` here.
 
     A document returned only by zero-weight legs gets score 0.0 and is ranked after every document
     a weighted leg returned. Ties are broken by the best rank in a weighted leg, then node id.

@@ -63,6 +63,11 @@ def test_rrf_ties_broken_by_best_rank_then_node_id() -> None:
     assert [(r.node.node_id, r.score) for r in fused] == [("e", 2.0), ("d", 1.0), ("c", 1.0)]
 
 
+def test_qdrant_offset() -> None:
+    # Qdrant (positions from 0, default k=2) scores a single top hit 1/(0+2) = 0.5: that is k=1 here.
+    assert reciprocal_rank_fusion([leg("a")], k=1)[0].score == 0.5
+
+
 def test_duplicate_in_one_leg_keeps_best_rank() -> None:
     fused = reciprocal_rank_fusion([leg("a", "b", "a", "c")])
     assert [(r.node.node_id, r.leg_ranks["leg0"]) for r in fused] == [("a", 1), ("b", 2), ("c", 3)]

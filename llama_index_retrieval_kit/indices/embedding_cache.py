@@ -1,0 +1,113 @@
+"""Embedding without waste: an on-disk cache keyed by model and text, length-sorted batches.
+
+``embed_texts`` goes through LlamaIndex's embedding interface (any ``BaseEmbedding``), but
+embeds each distinct text once, skips texts already in the cache, and feeds the model batches
+of similar length (little padding). The cache is a SQLite file: writes are transactions, so a
+crash never leaves a half-written vector behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import sqlite3
+from pathlib import Path
+from typing import Iterable, Optional, Sequence
+
+import numpy as np
+from llama_index.core.base.embeddings.base import BaseEmbedding
+
+logger = logging.getLogger(__name__)
+
+
+def text_key(text: str) -> str:
+    """Cache key of a text: sha256 of its UTF-8 bytes."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def model_key(embed_model: BaseEmbedding) -> str:
+    """What identifies an embedding model in the cache and in an index's config."""
+    return f"{embed_model.class_name()}:{embed_model.model_name}"
+
+
+class EmbeddingCache:
+    """Vectors on disk, keyed by (model key, text hash)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._conn = sqlite3.connect(str(self.path), check_same_thread=False)
+        self._conn.execute(
+            "CREATE TABLE IF NOT EXISTS vectors (model TEXT NOT NULL, key TEXT NOT NULL, dim INTEGER NOT NULL, "
+            "vector BLOB NOT NULL, PRIMARY KEY (model, key))"
+        )
+        self._conn.commit()
+
+    def get_many(self, model: str, keys: Sequence[str]) -> dict[str, np.ndarray]:
+        """Cached vectors for the keys that have one."""
+        found: dict[str, np.ndarray] = {}
+        for i in range(0, len(keys), 500):
+            chunk = list(keys[i : i + 500])
+            rows = self._conn.execute(
+                f"SELECT key, vector FROM vectors WHERE model = ? AND key IN ({','.join('?' * len(chunk))})",
+                [model, *chunk],
+            ).fetchall()
+            for key, blob in rows:
+                found[key] = np.frombuffer(blob, dtype=np.float32)
+        return found
+
+    def put_many(self, model: str, items: Iterable[tuple[str, np.ndarray]]) -> None:
+        rows = [(model, key, int(vec.shape[0]), np.asarray(vec, dtype=np.float32).tobytes()) for key, vec in items]
+        with self._conn:
+            self._conn.executemany("INSERT OR REPLACE INTO vectors VALUES (?, ?, ?, ?)", rows)
+
+    def __len__(self) -> int:
+        return int(self._conn.execute("SELECT COUNT(*) FROM vectors").fetchone()[0])
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def embed_texts(
+    embed_model: BaseEmbedding,
+    texts: Sequence[str],
+    cache: Optional[EmbeddingCache] = None,
+    batch_size: int = 256,
+    show_progress: bool = False,
+) -> np.ndarray:
+    """Embed ``texts`` (rows in input order, float32), reusing cached and duplicate texts.
+
+    Missing texts are sorted by length and sent to the model ``batch_size`` at a time through
+    ``embed_model.get_text_embedding_batch`` (so LlamaIndex callbacks and instrumentation see
+    them); vectors are cached as soon as each batch is done.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if not texts:
+        return np.zeros((0, 0), dtype=np.float32)
+    model = model_key(embed_model)
+    keys = [text_key(t) for t in texts]
+    unique: dict[str, str] = {}
+    for k, t in zip(keys, texts):
+        unique.setdefault(k, t)
+    vectors = cache.get_many(model, list(unique)) if cache is not None else {}
+    missing = sorted((k for k in unique if k not in vectors), key=lambda k: len(unique[k]))
+    logger.info("embedding %d texts (%d distinct, %d cached)", len(texts), len(unique), len(unique) - len(missing))
+    bar = None
+    if show_progress and missing:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(missing), desc="Embedding", unit="chunk")
+    for i in range(0, len(missing), batch_size):
+        batch_keys = missing[i : i + batch_size]
+        embedded = embed_model.get_text_embedding_batch([unique[k] for k in batch_keys])
+        new = [(k, np.asarray(v, dtype=np.float32)) for k, v in zip(batch_keys, embedded)]
+        vectors.update(new)
+        if cache is not None:
+            cache.put_many(model, new)
+        if bar is not None:
+            bar.update(len(batch_keys))
+    if bar is not None:
+        bar.close()
+    return np.stack([vectors[k] for k in keys])
+

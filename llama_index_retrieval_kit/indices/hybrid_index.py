@@ -1,0 +1,463 @@
+"""``HybridIndex``: one storage folder holding a Qdrant collection, a BM25 index and a docstore.
+
+Layout of ``storage_dir``::
+
+    index.json            config + manifest (embedding model, parser, BM25 settings, generation)
+    qdrant/               Qdrant local-mode data (absent when ``qdrant_url`` points at a server)
+    bm25/gen-<N>/         the BM25 index of generation N
+    docstore/gen-<N>.json every node (parents too), for AutoMergingRetriever and re-indexing
+    embeddings.sqlite     embedding cache keyed by (model, text hash)
+
+Writes are crash-safe: an update first records the node ids it will touch in ``index.json``
+(``pending``), then writes Qdrant and the next generation's files, then switches
+``index.json`` to the new generation in one atomic rename. Opening a folder whose last update
+did not finish rolls Qdrant back to the committed generation (vectors come from the embedding
+cache), so the previous index is what you read.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Dict, List, Literal, Optional, Sequence
+
+from llama_index.core import VectorStoreIndex
+from llama_index.core.base.base_retriever import BaseRetriever
+from llama_index.core.base.embeddings.base import BaseEmbedding
+from llama_index.core.node_parser import NodeParser, get_leaf_nodes
+from llama_index.core.schema import BaseNode, Document, MetadataMode
+from llama_index.core.storage.docstore import SimpleDocumentStore
+from llama_index.core.vector_stores.types import MetadataFilters
+from llama_index.core.vector_stores.utils import node_to_metadata_dict
+from qdrant_client import QdrantClient, models
+
+from ..models import DEFAULT_EMBED_MODEL, default_embed_model, packaged_minilm_path
+from ..node_parser import SectionHierarchyNodeParser, SectionWindowNodeParser
+from ..retrievers.bm25 import BM25Retriever, BM25TokenizerConfig
+from ..retrievers.hybrid import HybridRetriever
+from ..retrievers.qdrant_hybrid import (
+    DENSE_VECTOR,
+    SPARSE_VECTOR,
+    QdrantHybridRetriever,
+    bm25_doc_vector,
+    sparse_vectors_config,
+)
+from .embedding_cache import EmbeddingCache, embed_texts, model_key
+
+logger = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+COLLECTION = "chunks"
+RetrieverMode = Literal["hybrid", "hybrid_score", "dense", "sparse", "qdrant_hybrid"]
+RETRIEVER_MODES: tuple[str, ...] = ("hybrid", "hybrid_score", "dense", "sparse", "qdrant_hybrid")
+
+
+def embed_model_name(embed_model: BaseEmbedding) -> str:
+    """The model's logical name: the packaged MiniLM is recorded by its hub id, not its path."""
+    local = packaged_minilm_path()
+    name = getattr(embed_model, "model_name", "") or ""
+    if local is not None and Path(name) == local:
+        return DEFAULT_EMBED_MODEL
+    return name
+
+
+def _parser_from_dict(data: Dict[str, Any]) -> NodeParser:
+    """Rebuild the node parser recorded in index.json (ours or LlamaIndex's core parsers)."""
+    from llama_index.core import node_parser as core_parsers
+
+    name = data.get("class_name")
+    ours = {"SectionWindowNodeParser": SectionWindowNodeParser, "SectionHierarchyNodeParser": SectionHierarchyNodeParser}
+    if name in ours:
+        return ours[name].from_dict(data)
+    for attr in dir(core_parsers):
+        cls = getattr(core_parsers, attr)
+        if isinstance(cls, type) and issubclass(cls, NodeParser) and getattr(cls, "class_name", None):
+            try:
+                if cls.class_name() == name:
+                    clean = {k: v for k, v in data.items() if k != "id_func"}
+                    return cls.from_dict(clean)
+            except TypeError:
+                continue
+    raise ValueError(f"index.json names node parser {name!r}, which this version cannot rebuild; pass node_parser=")
+
+
+def _write_json_atomic(path: Path, data: Dict[str, Any]) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=2)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+class HybridIndex:
+    """Hybrid (BM25 + dense) index in one folder, with upserts, deletes and crash safety.
+
+    Build with :meth:`from_documents`, reopen with :meth:`load`, query with
+    :meth:`as_retriever` / :meth:`as_query_engine`. Defaults: the packaged offline MiniLM
+    embedding model, :class:`SectionWindowNodeParser`, Qdrant local mode inside ``storage_dir``.
+    """
+
+    def __init__(
+        self,
+        storage_dir: Path,
+        config: Dict[str, Any],
+        embed_model: BaseEmbedding,
+        node_parser: NodeParser,
+        client: QdrantClient,
+        bm25: BM25Retriever,
+        docstore: SimpleDocumentStore,
+        tokenizer_config: BM25TokenizerConfig,
+    ) -> None:
+        self.storage_dir = storage_dir
+        self.config = config
+        self.embed_model = embed_model
+        self.node_parser = node_parser
+        self.client = client
+        self.bm25 = bm25
+        self.docstore = docstore
+        self.tokenizer_config = tokenizer_config
+        self.cache = EmbeddingCache(storage_dir / "embeddings.sqlite")
+        self._vector_store: Any = None
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_documents(
+        cls,
+        documents: Sequence[Document],
+        storage_dir: str | Path,
+        node_parser: Optional[NodeParser] = None,
+        embed_model: Optional[BaseEmbedding] = None,
+        tokenizer_config: Optional[BM25TokenizerConfig] = None,
+        bm25_k1: float = 1.2,
+        bm25_b: float = 0.75,
+        qdrant_url: Optional[str] = None,
+        qdrant_api_key: Optional[str] = None,
+        embed_batch_size: int = 256,
+        overwrite: bool = False,
+        show_progress: bool = False,
+    ) -> "HybridIndex":
+        """Chunk, embed and index ``documents`` into a new ``storage_dir``.
+
+        ``overwrite=True`` replaces an existing index there; otherwise an existing index is an
+        error (use :meth:`load` and :meth:`upsert`).
+        """
+        storage = Path(storage_dir)
+        if (storage / "index.json").exists():
+            if not overwrite:
+                raise ValueError(
+                    f"{storage} already holds an index; open it with HybridIndex.load({str(storage)!r}) and "
+                    "upsert(), or pass overwrite=True to rebuild it"
+                )
+            shutil.rmtree(storage)
+        storage.mkdir(parents=True, exist_ok=True)
+        embed_model = embed_model or default_embed_model()
+        node_parser = node_parser or SectionWindowNodeParser()
+        tokenizer_config = tokenizer_config or BM25TokenizerConfig()
+        config: Dict[str, Any] = {
+            "format_version": FORMAT_VERSION,
+            "embed_model": embed_model_name(embed_model),
+            "embed_model_class": embed_model.class_name(),
+            "embed_dim": None,
+            "node_parser": node_parser.to_dict(),
+            "bm25": {"k1": bm25_k1, "b": bm25_b, "method": "lucene", "avgdl": None},
+            "bm25_tokenizer": tokenizer_config.to_persisted(),
+            "qdrant_url": qdrant_url,
+            "collection": COLLECTION,
+            "embed_batch_size": embed_batch_size,
+            "generation": 0,
+            "pending": None,
+        }
+        client = cls._open_client(storage, qdrant_url, qdrant_api_key)
+        bm25 = BM25Retriever([], tokenizer_config=tokenizer_config, k1=bm25_k1, b=bm25_b)
+        index = cls(storage, config, embed_model, node_parser, client, bm25, SimpleDocumentStore(), tokenizer_config)
+        index._commit()  # generation 0: empty but valid
+        index.upsert(documents, show_progress=show_progress)
+        return index
+
+    @classmethod
+    def load(
+        cls,
+        storage_dir: str | Path,
+        embed_model: Optional[BaseEmbedding] = None,
+        node_parser: Optional[NodeParser] = None,
+        qdrant_api_key: Optional[str] = None,
+        custom_tokenizer: Any = None,
+    ) -> "HybridIndex":
+        """Open an index folder. The embedding model must be the one it was built with."""
+        storage = Path(storage_dir)
+        manifest = storage / "index.json"
+        if not manifest.exists():
+            raise ValueError(f"{storage} holds no index.json: build an index there with HybridIndex.from_documents first")
+        config = json.loads(manifest.read_text(encoding="utf-8"))
+        if config.get("format_version") != FORMAT_VERSION:
+            raise ValueError(f"{manifest}: format_version {config.get('format_version')!r}; this version reads {FORMAT_VERSION}")
+        if embed_model is None:
+            if config["embed_model"] != DEFAULT_EMBED_MODEL:
+                raise ValueError(
+                    f"{storage} was built with embedding model {config['embed_model']!r}; pass "
+                    f"embed_model= with that model to HybridIndex.load"
+                )
+            embed_model = default_embed_model()
+        if embed_model_name(embed_model) != config["embed_model"]:
+            raise ValueError(
+                f"{storage} was built with embedding model {config['embed_model']!r}, not "
+                f"{embed_model_name(embed_model)!r}: its vectors are not comparable. Load it with the same model, "
+                "or build a new index with this one"
+            )
+        node_parser = node_parser or _parser_from_dict(config["node_parser"])
+        gen = config["generation"]
+        bm25 = BM25Retriever.load(storage / "bm25" / f"gen-{gen}", custom_tokenizer=custom_tokenizer)
+        docstore = SimpleDocumentStore.from_persist_path(str(storage / "docstore" / f"gen-{gen}.json"))
+        client = cls._open_client(storage, config.get("qdrant_url"), qdrant_api_key)
+        index = cls(storage, config, embed_model, node_parser, client, bm25, docstore, bm25.tokenizer_config)
+        if config.get("pending"):
+            index._roll_back(config["pending"])
+        return index
+
+    @staticmethod
+    def _open_client(storage: Path, url: Optional[str], api_key: Optional[str]) -> QdrantClient:
+        if url:
+            return QdrantClient(url=url, api_key=api_key)
+        return QdrantClient(path=str(storage / "qdrant"))
+
+    def close(self) -> None:
+        """Release the Qdrant local-mode lock and the cache file."""
+        self.client.close()
+        self.cache.close()
+
+    def __enter__(self) -> "HybridIndex":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ writes
+    def upsert(self, documents: Sequence[Document], show_progress: bool = False) -> Dict[str, int]:
+        """Add or replace documents (by ``doc_id``); unchanged chunks are not re-embedded.
+
+        Returns counts: documents, chunks written, chunks removed, texts embedded.
+        """
+        documents = list(documents)
+        ids = [d.id_ for d in documents]
+        if len(set(ids)) != len(ids):
+            dup = sorted({i for i in ids if ids.count(i) > 1})
+            raise ValueError(f"documents with the same id in one upsert: {dup[:5]}")
+        nodes = self.node_parser.get_nodes_from_documents(documents, show_progress=show_progress)
+        leaves = get_leaf_nodes(nodes) if any(n.child_nodes for n in nodes) else nodes
+        old_ids = set()
+        for doc_id in ids:
+            old_ids.update(self._node_ids_of(doc_id))
+        new_ids = {n.node_id for n in nodes}
+        stale = old_ids - new_ids
+        cached_before = len(self.cache)
+        vectors = embed_texts(
+            self.embed_model,
+            [n.get_content(metadata_mode=MetadataMode.EMBED) for n in leaves],
+            self.cache,
+            batch_size=self.config["embed_batch_size"],
+            show_progress=show_progress,
+        )
+        embedded = len(self.cache) - cached_before
+        self._ensure_collection(vectors.shape[1] if len(leaves) else None)
+
+        self._begin(sorted(old_ids | new_ids))
+        if leaves:
+            self._write_points(leaves, vectors)
+        if stale:
+            self.client.delete(self.config["collection"], points_selector=models.PointIdsList(points=sorted(stale)))
+        # BM25: insert_nodes replaces every indexed node of the same documents (one rebuild).
+        emptied = set(ids) - {n.ref_doc_id for n in leaves}
+        for doc_id in emptied:
+            self.bm25.delete_ref_doc(doc_id)
+        if leaves:
+            self.bm25.insert_nodes(leaves)
+        for doc_id in ids:
+            self.docstore.delete_ref_doc(doc_id, raise_error=False)
+        self.docstore.add_documents(nodes, allow_update=True)
+        self._commit()
+        logger.info("upserted %d documents: %d chunks, %d stale removed, %d embedded", len(ids), len(nodes), len(stale), embedded)
+        return {"documents": len(ids), "chunks": len(nodes), "removed": len(stale), "embedded": embedded}
+
+    def delete(self, doc_id: str) -> int:
+        """Remove a document's chunks from every leg; returns how many were removed."""
+        node_ids = sorted(self._node_ids_of(doc_id))
+        if not node_ids:
+            raise ValueError(f"no document {doc_id!r} in {self.storage_dir} (known ids: {self.doc_ids()[:10]}...)")
+        self._begin(node_ids)
+        self.client.delete(self.config["collection"], points_selector=models.PointIdsList(points=node_ids))
+        self.bm25.delete_ref_doc(doc_id)
+        self.docstore.delete_ref_doc(doc_id, raise_error=False)
+        self._commit()
+        return len(node_ids)
+
+    def _node_ids_of(self, doc_id: str) -> List[str]:
+        info = self.docstore.get_ref_doc_info(doc_id)
+        return list(info.node_ids) if info else []
+
+    def doc_ids(self) -> List[str]:
+        """The ids of the indexed documents."""
+        return sorted((self.docstore.get_all_ref_doc_info() or {}).keys())
+
+    def _ensure_collection(self, dim: Optional[int]) -> None:
+        name = self.config["collection"]
+        if self.client.collection_exists(name):
+            if dim is not None and self.config["embed_dim"] not in (None, dim):
+                raise ValueError(f"embedding dimension {dim} differs from the index's {self.config['embed_dim']}")
+            return
+        if dim is None:
+            return
+        self.client.create_collection(
+            name,
+            vectors_config={DENSE_VECTOR: models.VectorParams(size=dim, distance=models.Distance.COSINE)},
+            sparse_vectors_config=sparse_vectors_config(),
+        )
+        self.config["embed_dim"] = dim
+
+    def _write_points(self, leaves: Sequence[BaseNode], vectors: Any) -> None:
+        bm25cfg = self.config["bm25"]
+        tokens = [self.bm25.tokenize(n.get_content()) for n in leaves]
+        if bm25cfg["avgdl"] is None:
+            bm25cfg["avgdl"] = max(1.0, sum(len(t) for t in tokens) / max(1, len(tokens)))
+        points = [
+            models.PointStruct(
+                id=node.node_id,
+                vector={
+                    DENSE_VECTOR: vec.tolist(),
+                    SPARSE_VECTOR: bm25_doc_vector(tok, bm25cfg["avgdl"], bm25cfg["k1"], bm25cfg["b"]),
+                },
+                payload=node_to_metadata_dict(node, remove_text=False, flat_metadata=False),
+            )
+            for node, vec, tok in zip(leaves, vectors, tokens)
+        ]
+        for i in range(0, len(points), 256):
+            self.client.upsert(self.config["collection"], points=points[i : i + 256], wait=True)
+
+    def _begin(self, touched_ids: Sequence[str]) -> None:
+        """Record what the next write touches, so a crash can be rolled back on open."""
+        self.config["pending"] = {"generation": self.config["generation"] + 1, "touched_ids": list(touched_ids)}
+        _write_json_atomic(self.storage_dir / "index.json", self.config)
+
+    def _commit(self) -> None:
+        """Write the next generation's BM25 and docstore, then switch index.json to it."""
+        gen = self.config["generation"] + (1 if self.config.get("pending") else 0)
+        if not (self.storage_dir / "index.json").exists():
+            gen = 0
+        self.bm25.persist(self.storage_dir / "bm25" / f"gen-{gen}")
+        (self.storage_dir / "docstore").mkdir(parents=True, exist_ok=True)
+        self.docstore.persist(str(self.storage_dir / "docstore" / f"gen-{gen}.json"))
+        old = self.config["generation"]
+        self.config["generation"] = gen
+        self.config["pending"] = None
+        _write_json_atomic(self.storage_dir / "index.json", self.config)
+        if old != gen:
+            shutil.rmtree(self.storage_dir / "bm25" / f"gen-{old}", ignore_errors=True)
+            (self.storage_dir / "docstore" / f"gen-{old}.json").unlink(missing_ok=True)
+
+    def _roll_back(self, pending: Dict[str, Any]) -> None:
+        """Make Qdrant agree with the committed docstore for the ids an unfinished write touched."""
+        touched = pending.get("touched_ids", [])
+        logger.warning("%s: the last update did not finish; restoring %d chunk(s) of the committed index", self.storage_dir, len(touched))
+        keep = [self.docstore.docs[i] for i in touched if i in self.docstore.docs]
+        keep_ids = {n.node_id for n in keep}
+        drop = [i for i in touched if i not in keep_ids]
+        if drop and self.client.collection_exists(self.config["collection"]):
+            self.client.delete(self.config["collection"], points_selector=models.PointIdsList(points=drop))
+        leaves = [n for n in keep if not n.child_nodes]
+        if leaves:
+            vectors = embed_texts(self.embed_model, [n.get_content(metadata_mode=MetadataMode.EMBED) for n in leaves], self.cache)
+            self._ensure_collection(vectors.shape[1])
+            self._write_points(leaves, vectors)
+        nxt = pending.get("generation")
+        shutil.rmtree(self.storage_dir / "bm25" / f"gen-{nxt}", ignore_errors=True)
+        (self.storage_dir / "docstore" / f"gen-{nxt}.json").unlink(missing_ok=True)
+        self.config["pending"] = None
+        _write_json_atomic(self.storage_dir / "index.json", self.config)
+
+    # ------------------------------------------------------------------ reads
+    @property
+    def vector_store(self) -> Any:
+        """The collection as a LlamaIndex ``QdrantVectorStore`` (dense vectors)."""
+        if self._vector_store is None:
+            from llama_index.vector_stores.qdrant import QdrantVectorStore
+
+            self._vector_store = QdrantVectorStore(collection_name=self.config["collection"], client=self.client)
+        return self._vector_store
+
+    def __len__(self) -> int:
+        return len(self.bm25)
+
+    def as_retriever(
+        self,
+        mode: str = "hybrid",
+        similarity_top_k: int = 10,
+        filters: Optional[MetadataFilters] = None,
+        candidate_top_k: int = 100,
+        rrf_k: float = 60,
+        weights: Optional[Sequence[float]] = None,
+        **kwargs: Any,
+    ) -> BaseRetriever:
+        """A retriever over this index.
+
+        Modes: ``"hybrid"`` (recommended: BM25 + dense, RRF in process), ``"hybrid_score"``
+        (convex combination of normalised scores), ``"dense"``, ``"sparse"`` (BM25), and
+        ``"qdrant_hybrid"`` (fusion inside Qdrant; the path for a Qdrant server/cluster).
+        ``filters`` apply to every leg.
+        """
+        if mode not in RETRIEVER_MODES:
+            raise ValueError(f"unknown retriever mode {mode!r}; choose one of {', '.join(RETRIEVER_MODES)}")
+        if similarity_top_k < 1:
+            raise ValueError(f"similarity_top_k must be >= 1, got {similarity_top_k}")
+        if mode == "sparse":
+            return self._bm25_view(filters, similarity_top_k)
+        if mode == "dense":
+            return self._dense_retriever(filters, similarity_top_k)
+        if mode == "qdrant_hybrid":
+            return QdrantHybridRetriever(
+                self.client,
+                self.config["collection"],
+                self.embed_model,
+                self.bm25.tokenize,
+                self.vector_store._build_query_filter,
+                similarity_top_k=similarity_top_k,
+                candidate_top_k=max(candidate_top_k, similarity_top_k),
+                rrf_k=int(rrf_k),
+                filters=filters,
+            )
+        depth = max(candidate_top_k, similarity_top_k)
+        legs = [self._bm25_view(filters, depth), self._dense_retriever(filters, depth)]
+        return HybridRetriever(
+            legs,
+            names=["bm25", "dense"],
+            mode="rrf" if mode == "hybrid" else "score",
+            rrf_k=rrf_k,
+            weights=weights,
+            similarity_top_k=similarity_top_k,
+            **kwargs,
+        )
+
+    def _bm25_view(self, filters: Optional[MetadataFilters], top_k: int) -> BM25Retriever:
+        view = self.bm25.with_filters(filters)
+        view._similarity_top_k = top_k
+        return view
+
+    def _dense_retriever(self, filters: Optional[MetadataFilters], top_k: int) -> BaseRetriever:
+        index = VectorStoreIndex.from_vector_store(self.vector_store, embed_model=self.embed_model)
+        return index.as_retriever(similarity_top_k=top_k, filters=filters)
+
+    def as_query_engine(self, llm: Any = None, mode: str = "hybrid", similarity_top_k: int = 5, **kwargs: Any) -> Any:
+        """A ``RetrieverQueryEngine`` over :meth:`as_retriever`; ``llm`` defaults to LlamaIndex's."""
+        from llama_index.core import Settings
+        from llama_index.core.query_engine import RetrieverQueryEngine
+
+        if llm is None and getattr(Settings, "_llm", None) is None:
+            raise ValueError(
+                "as_query_engine needs an LLM: pass llm=... (any LlamaIndex LLM) or set "
+                "llama_index.core.Settings.llm; this package never falls back to a paid API"
+            )
+        retriever = self.as_retriever(mode=mode, similarity_top_k=similarity_top_k)
+        return RetrieverQueryEngine.from_args(retriever, llm=llm, **kwargs)

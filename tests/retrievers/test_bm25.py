@@ -1,0 +1,328 @@
+"""BM25Retriever: scores, tokenizer settings, persistence, filters, updates, no mutation."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from llama_index.core.schema import MetadataMode, NodeRelationship, RelatedNodeInfo, TextNode
+from llama_index.core.vector_stores.types import FilterOperator, MetadataFilter, MetadataFilters
+
+from llama_index_retrieval_kit.retrievers import BM25Retriever, BM25TokenizerConfig
+
+from ._strategies import WORDS, corpus_st, filters_st, oracle_matches, query_st
+
+PLAIN = BM25TokenizerConfig(stopwords=None, stemmer_language=None)
+
+
+def chunk(node_id: str, text: str, doc_id: Optional[str] = None, **metadata: object) -> TextNode:
+    node = TextNode(id_=node_id, text=text, metadata=dict(metadata))
+    if doc_id is not None:
+        node.relationships[NodeRelationship.SOURCE] = RelatedNodeInfo(node_id=doc_id)
+    return node
+
+
+def ranked(retriever: BM25Retriever, query: str) -> List[Tuple[str, float]]:
+    return [(r.node.node_id, r.score) for r in retriever.retrieve(query)]  # type: ignore[misc]
+
+
+@pytest.fixture()
+def corpus() -> List[TextNode]:
+    return [
+        chunk("d1-0", "The annual fee is charged every year on the card.", "d1", lang="en", year=2021),
+        chunk("d1-1", "Late payment fees apply when the minimum payment is missed.", "d1", lang="en", year=2022),
+        chunk("d2-0", "Die Jahresgebühr wird jährlich berechnet.", "d2", lang="de", year=2021),
+        chunk("d3-0", "Interest is charged daily on the average balance.", "d3", lang="en", year=2023),
+        chunk("d3-1", "Disputes must be raised within sixty days of the statement.", "d3", lang="en", year=2023),
+    ]
+
+
+# ----- scoring -----------------------------------------------------------------------------------
+
+
+def test_lucene_score_known_answer() -> None:
+    nodes = [chunk("a", "apple banana apple"), chunk("b", "banana cherry"), chunk("c", "cherry date elder fig")]
+    bm25 = BM25Retriever.from_nodes(nodes, tokenizer_config=PLAIN, k1=1.5, b=0.75)
+    n_docs, df, tf, doc_len, avg_len = 3, 1, 2, 3, 3.0
+    idf = math.log(1 + (n_docs - df + 0.5) / (df + 0.5))
+    expected = idf * tf / (tf + 1.5 * (1 - 0.75 + 0.75 * doc_len / avg_len))
+    results = ranked(bm25, "apple")
+    assert [node_id for node_id, _ in results] == ["a"]
+    assert results[0][1] == pytest.approx(expected, rel=1e-6)
+    # banana in a (len 3) and b (len 2): same tf and idf, the shorter document wins
+    assert [node_id for node_id, _ in ranked(bm25, "banana")] == ["b", "a"]
+
+
+def test_no_overlap_nodes_are_not_returned(corpus: List[TextNode]) -> None:
+    bm25 = BM25Retriever.from_nodes(corpus, similarity_top_k=10)
+    assert {node_id for node_id, _ in ranked(bm25, "fee")} == {"d1-0", "d1-1"}  # stemmed: fee/fees
+    assert ranked(bm25, "zebra") == []
+    assert ranked(bm25, "the and of") == []  # only stopwords
+    assert ranked(bm25, "") == []
+    assert all(score > 0 for _, score in ranked(bm25, "charged fee payment"))
+
+
+@pytest.mark.parametrize("method", ["bm25l", "bm25+", "robertson", "atire"])
+def test_other_methods_return_only_overlapping_nodes(corpus: List[TextNode], method: str) -> None:
+    # bm25l/bm25+ add a non-occurrence score to every document; only term overlap must count
+    bm25 = BM25Retriever.from_nodes(corpus, method=method, similarity_top_k=10)
+    assert {node_id for node_id, _ in ranked(bm25, "interest")} == {"d3-0"}
+
+
+def test_empty_corpora() -> None:
+    assert BM25Retriever.from_nodes([]).retrieve("anything") == []
+    empty_texts = BM25Retriever.from_nodes([chunk("a", ""), chunk("b", "the of")])
+    assert empty_texts.retrieve("the") == []
+    empty_texts.insert_nodes([chunk("c", "real words here")])
+    assert ranked(empty_texts, "words")[0][0] == "c"
+
+
+def test_top_k_and_deterministic_ties() -> None:
+    nodes = [chunk(f"n{i}", "same text") for i in (3, 1, 2)]
+    bm25 = BM25Retriever.from_nodes(nodes, tokenizer_config=PLAIN, similarity_top_k=2)
+    assert [node_id for node_id, _ in ranked(bm25, "text")] == ["n1", "n2"]
+
+
+def test_metadata_mode_indexes_metadata() -> None:
+    nodes = [chunk("a", "body text", section_title="Refunds")]
+    assert BM25Retriever.from_nodes(nodes).retrieve("refunds") == []
+    with_meta = BM25Retriever.from_nodes(nodes, metadata_mode=MetadataMode.EMBED)
+    assert ranked(with_meta, "refunds")[0][0] == "a"
+
+
+# ----- tokenizer config and validation ------------------------------------------------------------
+
+
+def test_tokenizer_pipeline() -> None:
+    bm25 = BM25Retriever.from_nodes([], tokenizer_config=BM25TokenizerConfig())
+    assert bm25.tokenize("The Cats are RUNNING, a b") == ["cat", "run"]
+    case = BM25Retriever.from_nodes([], tokenizer_config=BM25TokenizerConfig(lowercase=False, stopwords=["The"], stemmer_language=None))
+    assert case.tokenize("The the Cats") == ["the", "Cats"]
+    pattern = BM25Retriever.from_nodes([], tokenizer_config=BM25TokenizerConfig(token_pattern=r"\w+", stopwords=None, stemmer_language=None))
+    assert pattern.tokenize("a b-c") == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"token_pattern": "("}, "token_pattern"),
+        ({"stopwords": "klingon"}, "klingon"),
+        ({"stemmer_language": "elvish"}, "elvish"),
+    ],
+)
+def test_tokenizer_config_validation(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        BM25TokenizerConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"k1": -1}, "k1"),
+        ({"b": 1.5}, "b must"),
+        ({"method": "bm42"}, "bm42"),
+        ({"similarity_top_k": 0}, "similarity_top_k"),
+        ({"tokenizer_config": {"lowercase": True}}, "BM25TokenizerConfig"),
+        ({"filters": {"lang": "en"}}, "MetadataFilters"),
+    ],
+)
+def test_retriever_validation(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        BM25Retriever.from_nodes([chunk("a", "x")], **kwargs)
+
+
+def test_duplicate_ids_and_non_nodes_rejected() -> None:
+    with pytest.raises(ValueError, match="'a'"):
+        BM25Retriever.from_nodes([chunk("a", "x"), chunk("a", "y")])
+    with pytest.raises(ValueError, match="BaseNode"):
+        BM25Retriever.from_nodes(["plain string"])  # type: ignore[list-item]
+
+
+# ----- persistence -------------------------------------------------------------------------------
+
+
+def test_persist_round_trip_scores_and_settings(tmp_path: Path, corpus: List[TextNode]) -> None:
+    config = BM25TokenizerConfig(lowercase=False, token_pattern=r"\w+", stopwords=["The", "is"], stemmer_language="porter")
+    original = BM25Retriever.from_nodes(
+        corpus, tokenizer_config=config, k1=1.2, b=0.6, method="bm25+", similarity_top_k=len(corpus), metadata_mode=MetadataMode.EMBED
+    )
+    original.persist(tmp_path / "idx")
+    loaded = BM25Retriever.load(tmp_path / "idx")
+    assert loaded.tokenizer_config == config
+    assert loaded.params == {"k1": 1.2, "b": 0.6, "method": "bm25+"}
+    assert loaded.similarity_top_k == len(corpus)
+    assert [n.to_dict() for n in loaded.nodes] == [n.to_dict() for n in original.nodes]
+    for query in ["The annual fee", "charged", "payment fees", "Die Jahresgebühr", "lang: en", "nothing-matches"]:
+        assert loaded.tokenize(query) == original.tokenize(query)
+        assert ranked(loaded, query) == ranked(original, query)  # exact float equality
+
+
+def test_loaded_index_updates_like_a_fresh_one(tmp_path: Path, corpus: List[TextNode]) -> None:
+    BM25Retriever.from_nodes(corpus).persist(tmp_path)
+    loaded = BM25Retriever.load(tmp_path, similarity_top_k=10)
+    new = chunk("d1-0", "A new annual fee schedule.", "d1")
+    loaded.insert_nodes([new])
+    fresh = BM25Retriever.from_nodes([n for n in corpus if n.ref_doc_id != "d1"] + [new], similarity_top_k=10)
+    for query in ["annual fee", "payment", "interest balance"]:
+        assert ranked(loaded, query) == ranked(fresh, query)
+
+
+def test_persist_empty_index(tmp_path: Path) -> None:
+    BM25Retriever.from_nodes([chunk("a", "the")]).persist(tmp_path)
+    loaded = BM25Retriever.load(tmp_path)
+    assert len(loaded) == 1 and loaded.retrieve("the") == []
+
+
+def bigrams(text: str) -> List[str]:
+    return [text[i : i + 2] for i in range(len(text) - 1) if not text[i : i + 2].isspace()]
+
+
+def test_custom_tokenizer_must_be_passed_again(tmp_path: Path, corpus: List[TextNode]) -> None:
+    config = BM25TokenizerConfig(custom_tokenizer=bigrams, stopwords=None, stemmer_language=None)
+    original = BM25Retriever.from_nodes(corpus, tokenizer_config=config)
+    original.persist(tmp_path)
+    with pytest.raises(ValueError, match="custom tokenizer"):
+        BM25Retriever.load(tmp_path)
+    loaded = BM25Retriever.load(tmp_path, custom_tokenizer=bigrams)
+    assert ranked(loaded, "Jahresgebühr") == ranked(original, "Jahresgebühr") != []
+    BM25Retriever.from_nodes(corpus).persist(tmp_path / "plain")
+    with pytest.raises(ValueError, match="without a custom tokenizer"):
+        BM25Retriever.load(tmp_path / "plain", custom_tokenizer=bigrams)
+
+
+def test_load_rejects_non_index_folder(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="retriever.json"):
+        BM25Retriever.load(tmp_path)
+
+
+# ----- filters -----------------------------------------------------------------------------------
+
+
+def test_filters_in_constructor_and_per_query_views(corpus: List[TextNode]) -> None:
+    german = MetadataFilters(filters=[MetadataFilter(key="lang", value="de")])
+    recent = MetadataFilters(filters=[MetadataFilter(key="year", value=2022, operator=FilterOperator.GTE)])
+    bm25 = BM25Retriever.from_nodes(corpus, filters=german, tokenizer_config=PLAIN)
+    assert ranked(bm25, "annual fee") == []
+    view = bm25.with_filters(recent)
+    assert {node_id for node_id, _ in ranked(view, "the")} == {"d1-1", "d3-0", "d3-1"}
+    assert bm25.filters is german and view.filters is recent
+    unfiltered = bm25.with_filters(None)
+    assert {node_id for node_id, _ in ranked(unfiltered, "annual fee")} == {"d1-0"}
+    # views share the index
+    bm25.insert_nodes([chunk("d4-0", "The newest annual document", "d4", lang="en", year=2024)])
+    assert "d4-0" in {node_id for node_id, _ in ranked(view, "annual")}
+
+
+def test_filtering_happens_before_top_k() -> None:
+    nodes = [chunk(f"x{i}", "fee fee fee", lang="en") for i in range(5)] + [chunk(f"y{i}", "fee", lang="de") for i in range(3)]
+    bm25 = BM25Retriever.from_nodes(nodes, tokenizer_config=PLAIN, similarity_top_k=3)
+    german = bm25.with_filters(MetadataFilters(filters=[MetadataFilter(key="lang", value="de")]))
+    assert [node_id for node_id, _ in ranked(german, "fee")] == ["y0", "y1", "y2"]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(nodes=corpus_st(), filters=filters_st, query=query_st, small_k=st.integers(1, 3))
+def test_filter_isolation(nodes: List[TextNode], filters: MetadataFilters, query: str, small_k: int) -> None:
+    """Filtered results == the filter applied to all unfiltered results, and top_k cuts after filtering."""
+    bm25 = BM25Retriever.from_nodes(nodes, tokenizer_config=PLAIN, similarity_top_k=len(nodes))
+    everything = bm25.retrieve(query)
+    filtered = bm25.with_filters(filters).retrieve(query)
+    assert all(oracle_matches(r.node.metadata, filters) for r in filtered)
+    expected = [(r.node.node_id, r.score) for r in everything if oracle_matches(r.node.metadata, filters)]
+    assert [(r.node.node_id, r.score) for r in filtered] == expected
+    words = set(query.split())
+    assert {r.node.node_id for r in everything} == {n.node_id for n in nodes if words & set(n.text.split())}
+    small = BM25Retriever.from_nodes(nodes, tokenizer_config=PLAIN, similarity_top_k=small_k, filters=filters)
+    assert [(r.node.node_id, r.score) for r in small.retrieve(query)] == expected[:small_k]
+
+
+# ----- updates -----------------------------------------------------------------------------------
+
+
+def test_insert_replaces_old_chunks_of_a_document(corpus: List[TextNode]) -> None:
+    bm25 = BM25Retriever.from_nodes(corpus, similarity_top_k=20)
+    new_version = [chunk("d1-v2-0", "The annual fee is now waived.", "d1", lang="en", year=2024)]
+    bm25.insert_nodes(new_version)
+    ids = [n.node_id for n in bm25.nodes]
+    assert len(ids) == len(set(ids))
+    assert "d1-0" not in ids and "d1-1" not in ids and "d1-v2-0" in ids
+    assert ranked(bm25, "minimum payment missed") == []  # only the old d1-1 had these words
+    fresh = BM25Retriever.from_nodes([n for n in corpus if n.ref_doc_id != "d1"] + new_version, similarity_top_k=20)
+    for query in ["annual fee", "charged", "statement days"]:
+        assert ranked(bm25, query) == ranked(fresh, query)
+
+
+def test_insert_same_node_id_updates_and_delete(corpus: List[TextNode]) -> None:
+    bm25 = BM25Retriever.from_nodes(corpus, similarity_top_k=20)
+    bm25.insert_nodes([chunk("d3-0", "Interest rates are fixed.")])  # no ref doc: replaced by id only
+    assert [n.text for n in bm25.nodes if n.node_id == "d3-0"] == ["Interest rates are fixed."]
+    assert "d3-1" in {n.node_id for n in bm25.nodes}
+    assert bm25.delete_ref_doc("d3") == 1
+    assert bm25.delete_ref_doc("missing") == 0
+    assert bm25.delete_nodes(["d2-0", "nope"]) == 1
+    assert sorted(n.node_id for n in bm25.nodes) == ["d1-0", "d1-1", "d3-0"]
+    assert ranked(bm25, "disputes") == [] and ranked(bm25, "Jahresgebühr") == []
+
+
+op_st = st.one_of(
+    st.tuples(
+        st.just("insert"),
+        st.lists(
+            st.tuples(st.sampled_from(["c0", "c1", "c2", "c3"]), st.sampled_from(["docA", "docB", None]), st.lists(st.sampled_from(WORDS), max_size=4)),
+            min_size=1,
+            max_size=3,
+            unique_by=lambda t: t[0],
+        ),
+    ),
+    st.tuples(st.just("delete_ref"), st.sampled_from(["docA", "docB"])),
+    st.tuples(st.just("delete_nodes"), st.lists(st.sampled_from(["c0", "c1", "c2", "c3"]), max_size=2)),
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(ops=st.lists(op_st, max_size=6), query=query_st)
+def test_updates_match_a_model_and_a_fresh_build(ops: list, query: str) -> None:
+    bm25 = BM25Retriever.from_nodes([], tokenizer_config=PLAIN, similarity_top_k=10)
+    model: Dict[str, TextNode] = {}
+    for op in ops:
+        if op[0] == "insert":
+            batch = [chunk(f"{node_id}", " ".join(words), doc) for node_id, doc, words in op[1]]
+            refs = {n.ref_doc_id for n in batch if n.ref_doc_id}
+            model = {k: v for k, v in model.items() if k not in {n.node_id for n in batch} and v.ref_doc_id not in refs}
+            model.update({n.node_id: n for n in batch})
+            bm25.insert_nodes(batch)
+        elif op[0] == "delete_ref":
+            model = {k: v for k, v in model.items() if v.ref_doc_id != op[1]}
+            bm25.delete_ref_doc(op[1])
+        else:
+            model = {k: v for k, v in model.items() if k not in op[1]}
+            bm25.delete_nodes(op[1])
+    ids = [n.node_id for n in bm25.nodes]
+    assert sorted(ids) == sorted(model)
+    assert {n.node_id: n.text for n in bm25.nodes} == {k: v.text for k, v in model.items()}
+    fresh = BM25Retriever.from_nodes(list(model.values()), tokenizer_config=PLAIN, similarity_top_k=10)
+    assert ranked(bm25, query) == ranked(fresh, query)
+
+
+# ----- no mutation -------------------------------------------------------------------------------
+
+
+def test_caller_nodes_are_never_mutated_or_shared(corpus: List[TextNode], tmp_path: Path) -> None:
+    before = [n.to_dict() for n in corpus]
+    bm25 = BM25Retriever.from_nodes(corpus, similarity_top_k=10)
+    results = bm25.retrieve("annual fee charged")
+    bm25.insert_nodes([chunk("d1-0", "replacement text", "d1")])
+    bm25.persist(tmp_path)
+    assert [n.to_dict() for n in corpus] == before
+    assert all(r.node is not n for r in results for n in corpus)
+    # changing the caller's node or a returned node does not change the index
+    corpus[3].metadata["lang"] = "xx"
+    corpus[3].text = "changed"
+    results = bm25.retrieve("interest")
+    results[0].node.metadata["lang"] = "yy"
+    again = bm25.retrieve("interest")
+    assert again[0].node.text.startswith("Interest") and again[0].node.metadata["lang"] == "en"
