@@ -1,11 +1,22 @@
 """Production-grade retrieval components for LlamaIndex.
 
 Readers keep pages and offsets, node parsers cut on sections, retrievers fuse BM25 and dense
-search, postprocessors gate and rerank, and the evaluation package measures it all.
+search (in process or inside Qdrant), ``HybridIndex`` keeps it all in one storage folder, and
+the evaluation package measures it.
 """
 
+from .indices import EmbeddingCache, HybridIndex
 from .node_parser import SectionHierarchyNodeParser, SectionWindowNodeParser
 from .readers import DocumentReadError, FileReadError, MarkdownReader, PagedPDFReader, TextFileReader
+from .retrievers import (
+    BM25Retriever,
+    BM25TokenizerConfig,
+    FusedNodeWithScore,
+    HybridRetriever,
+    QdrantHybridRetriever,
+    reciprocal_rank_fusion,
+    score_fusion,
+)
 
 __version__ = "0.1.0"
 
@@ -17,4 +28,13 @@ __all__ = [
     "FileReadError",
     "SectionWindowNodeParser",
     "SectionHierarchyNodeParser",
+    "BM25Retriever",
+    "BM25TokenizerConfig",
+    "FusedNodeWithScore",
+    "HybridRetriever",
+    "QdrantHybridRetriever",
+    "reciprocal_rank_fusion",
+    "score_fusion",
+    "HybridIndex",
+    "EmbeddingCache",
 ]

@@ -1,7 +1,9 @@
 """``rkit``: the command line of llama_index_retrieval_kit.
 
-    rkit demo                      # the main job on the bundled samples
-    rkit ingest FILE_OR_DIR ...    # chunk your own documents, print a summary, write JSONL
+    rkit demo                                # the main job on the bundled samples
+    rkit ingest FILE_OR_DIR ...              # chunk documents, print a summary, write JSONL
+    rkit index FILE_OR_DIR ... --storage DIR # build or update a hybrid index folder
+    rkit query --storage DIR "question"      # retrieve from an index folder
 """
 
 from __future__ import annotations
@@ -57,6 +59,51 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     return 1 if result.failures and not result.nodes else 0
 
 
+def _print_results(results: Sequence, width: int = 240) -> None:
+    for rank, r in enumerate(results, 1):
+        m = r.node.metadata
+        legs = getattr(r, "leg_ranks", None)
+        leg_text = f"  legs {legs}" if legs else ""
+        _out(f"{rank:>2}. {r.score:.4f}  {m.get('doc_id')}  {m.get('section_header') or '(preamble)'}  "
+             f"p.{m.get('page_start')}-{m.get('page_end')}{leg_text}")
+        _out("      " + " ".join(r.node.get_content().split())[:width])
+
+
+def cmd_index(args: argparse.Namespace) -> int:
+    from .indices import HybridIndex
+    from .ingest import make_parser, read_documents
+
+    documents, failures = read_documents(args.paths, show_progress=not args.quiet)
+    for f in failures:
+        _out(f"could not read {f}")
+    if not documents:
+        _out("nothing to index")
+        return 1
+    storage = Path(args.storage)
+    if (storage / "index.json").exists() and not args.rebuild:
+        with HybridIndex.load(storage) as index:
+            stats = index.upsert(documents, show_progress=not args.quiet)
+            total = len(index)
+    else:
+        parser = make_parser(args.parser, args.chunk_size, args.chunk_overlap)
+        with HybridIndex.from_documents(
+            documents, storage, node_parser=parser, overwrite=args.rebuild, show_progress=not args.quiet
+        ) as index:
+            stats = {"documents": len(documents), "chunks": len(index)}
+            total = len(index)
+    _out(f"indexed {stats}; {total} chunks in {storage}")
+    return 1 if failures else 0
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    from .indices import HybridIndex
+
+    with HybridIndex.load(args.storage) as index:
+        retriever = index.as_retriever(mode=args.mode, similarity_top_k=args.top_k)
+        _print_results(retriever.retrieve(args.question))
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from .ingest import ingest, write_chunks_jsonl
     from .node_parser import SectionWindowNodeParser
@@ -77,6 +124,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
         _out(f"\n[{m['doc_id']} #{m['chunk_index']}] {' > '.join(m['section_path'])} "
              f"(pages {m['page_start']}-{m['page_end']}, chars {m['char_start']}-{m['char_end']})")
         _out("  " + node.get_content().strip().replace("\n", "\n  ")[:300])
+
+    from .indices import HybridIndex
+
+    _out("\n== Hybrid index (BM25 + all-MiniLM-L6-v2 on Qdrant local mode, fused with RRF) ==")
+    with HybridIndex.from_documents(
+        result.documents, out / "index", overwrite=True, show_progress=not args.quiet
+    ) as index:
+        _out(f"{len(index)} chunks indexed in {out / 'index'}")
+        for question in ("How much is the late payment fee?", "How often should I replace the filter cartridge?"):
+            _out(f"\nQ: {question}")
+            _print_results(index.as_retriever(mode="hybrid", similarity_top_k=3).retrieve(question), width=160)
     return 0
 
 
@@ -98,11 +156,29 @@ def build_parser() -> argparse.ArgumentParser:
     ing.add_argument("--out", default=None, help="write chunks as JSONL here")
     ing.add_argument("--show", type=int, default=3, help="print the first N chunks (default: %(default)s)")
     ing.set_defaults(func=cmd_ingest)
+
+    idx = sub.add_parser("index", help="build or update a hybrid index folder from files or folders")
+    idx.add_argument("paths", nargs="+", help="files or folders")
+    idx.add_argument("--storage", required=True, help="index folder (created, or updated in place)")
+    idx.add_argument("--parser", choices=["window", "hierarchy"], default="window")
+    idx.add_argument("--chunk-size", type=int, default=None)
+    idx.add_argument("--chunk-overlap", type=int, default=None)
+    idx.add_argument("--rebuild", action="store_true", help="replace an existing index instead of updating it")
+    idx.set_defaults(func=cmd_index)
+
+    qry = sub.add_parser("query", help="retrieve chunks for a question from an index folder")
+    qry.add_argument("question")
+    qry.add_argument("--storage", required=True)
+    qry.add_argument("--mode", choices=["hybrid", "hybrid_score", "dense", "sparse", "qdrant_hybrid"], default="hybrid")
+    qry.add_argument("-k", "--top-k", type=int, default=5)
+    qry.set_defaults(func=cmd_query)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:

@@ -441,9 +441,7 @@ class HybridIndex:
         )
 
     def _bm25_view(self, filters: Optional[MetadataFilters], top_k: int) -> BM25Retriever:
-        view = self.bm25.with_filters(filters)
-        view._similarity_top_k = top_k
-        return view
+        return self.bm25.with_filters(filters, similarity_top_k=top_k)
 
     def _dense_retriever(self, filters: Optional[MetadataFilters], top_k: int) -> BaseRetriever:
         index = VectorStoreIndex.from_vector_store(self.vector_store, embed_model=self.embed_model)

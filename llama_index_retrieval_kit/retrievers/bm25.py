@@ -39,6 +39,7 @@ from llama_index.core.vector_stores.types import MetadataFilters
 
 from .filters import metadata_matches, validate_filters
 
+logging.getLogger("bm25s").setLevel(logging.WARNING)  # bm25s sets its own logger to DEBUG on import
 logger = logging.getLogger(__name__)
 
 BM25_METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")
@@ -403,10 +404,16 @@ class BM25Retriever(BaseRetriever):
         """The BM25 terms of ``text`` under this retriever's tokenizer settings."""
         return self._tokenize(text)
 
-    def with_filters(self, filters: Optional[MetadataFilters]) -> "BM25Retriever":
-        """A view of this index with other metadata filters (None: unfiltered); shares the index."""
+    def with_filters(
+        self, filters: Optional[MetadataFilters], similarity_top_k: Optional[int] = None
+    ) -> "BM25Retriever":
+        """A view of this index with other metadata filters (None: unfiltered) and, optionally,
+        another number of results; shares the index."""
         view = copy.copy(self)
         view._filters = validate_filters(filters)
+        if similarity_top_k is not None:
+            _check_top_k(similarity_top_k)
+            view._similarity_top_k = similarity_top_k
         return view
 
     # ----- retrieval --------------------------------------------------------------------------
