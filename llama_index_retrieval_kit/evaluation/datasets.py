@@ -215,9 +215,8 @@ def _read_beir_qrels(path: Path) -> dict[str, dict[str, int]]:
             score = 0
         judged = qrels.setdefault(query_id, {})
         if doc_id in judged and judged[doc_id] != score:
-            raise DatasetFormatError(
-                path, f"({query_id!r}, {doc_id!r}) judged twice with different scores ({judged[doc_id]}, {score})", number
-            )
+            pair, scores = f"({query_id!r}, {doc_id!r})", f"({judged[doc_id]}, {score})"
+            raise DatasetFormatError(path, f"{pair} judged twice with different scores {scores}", number)
         judged[doc_id] = score
     if negatives:
         logger.warning("%s: %d negative scores read as 0 (not relevant)", path, negatives)

@@ -79,10 +79,10 @@ def parse_ranking(ranking: Ranking, where: str = "ranking") -> tuple[list[str], 
     in error messages. Duplicates are *not* checked here (see :func:`ranked_doc_ids`).
     """
     if isinstance(ranking, (str, bytes, Mapping)) or not isinstance(ranking, Sequence):
+        hint = " (a dict has no rank order: pass sorted(d.items(), key=lambda x: -x[1]))"
         raise ValueError(
             f"{where} must be a list of doc ids or of (doc_id, score) pairs in rank order, "
-            f"got {type(ranking).__name__}"
-            + (" (a dict has no rank order: pass sorted(d.items(), key=lambda x: -x[1]))" if isinstance(ranking, Mapping) else "")
+            f"got {type(ranking).__name__}" + (hint if isinstance(ranking, Mapping) else "")
         )
     ids: list[str] = []
     scores: list[float] = []

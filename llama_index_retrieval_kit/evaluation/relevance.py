@@ -16,9 +16,12 @@ All functions are pure.
 from __future__ import annotations
 
 import logging
+import math
+import numbers
 from typing import Mapping, Sequence
 
 from rapidfuzz import fuzz
+from rapidfuzz.distance import LCSseq
 
 from .metrics import Ranking, parse_ranking
 
@@ -73,6 +76,10 @@ def _squash(text: str) -> str:
     return "".join(text.split()).casefold()
 
 
+def _is_number(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 def _check_text(value: object, name: str) -> str:
     if not isinstance(value, str):
         raise ValueError(f"{name} must be a string, got {type(value).__name__}")
@@ -97,10 +104,10 @@ def text_match(reference: str, chunk: str, min_similarity: float = 0.9, min_leng
     """
     _check_text(reference, "reference")
     _check_text(chunk, "chunk")
-    if not 0.0 < min_similarity <= 1.0:
-        raise ValueError(f"min_similarity must be in (0, 1], got {min_similarity!r}")
-    if not 0.0 <= min_length_ratio <= 1.0:
-        raise ValueError(f"min_length_ratio must be in [0, 1], got {min_length_ratio!r}")
+    if not _is_number(min_similarity) or not 0.0 < min_similarity <= 1.0:
+        raise ValueError(f"min_similarity must be a number in (0, 1], got {min_similarity!r}")
+    if not _is_number(min_length_ratio) or not 0.0 <= min_length_ratio <= 1.0:
+        raise ValueError(f"min_length_ratio must be a number in [0, 1], got {min_length_ratio!r}")
     ref = normalize_text(reference)
     if not ref:
         raise ValueError("reference is empty (or only whitespace)")
@@ -109,7 +116,20 @@ def text_match(reference: str, chunk: str, min_similarity: float = 0.9, min_leng
         return True
     if len(text) < min_length_ratio * len(ref):
         return False
-    return fuzz.partial_ratio(ref, text) >= min_similarity * 100.0
+    if not _may_be_similar(ref, text, min_similarity):
+        return False
+    return fuzz.partial_ratio(ref, text, score_cutoff=min_similarity * 100.0) >= min_similarity * 100.0
+
+
+def _may_be_similar(ref: str, text: str, min_similarity: float) -> bool:
+    """False when ``partial_ratio(ref, text)`` cannot reach ``min_similarity`` (a fast, exact bound).
+
+    partial_ratio is 2 * LCS(a, w) / (len(a) + len(w)) for the shorter text ``a`` and the best
+    window ``w`` of the other; reaching ``s`` needs LCS(a, w) >= s / (2 - s) * len(a), and the
+    LCS with the whole text is at least that. Unrelated chunks fail this in microseconds.
+    """
+    needed = math.floor(min_similarity / (2.0 - min_similarity) * min(len(ref), len(text)))
+    return LCSseq.similarity(ref, text) >= needed
 
 
 def _head_overlap(ref: str, chunk: str) -> int:

@@ -68,7 +68,11 @@ def beir_folder(tmp_path: Path) -> Path:
 def test_load_beir_keeps_only_judged_queries(beir_folder: Path) -> None:
     data = load_beir(beir_folder)
     assert data.name == "tiny"
-    assert data.queries == {"1": "What is the annual fee?", "2": "What does a late payment cost?", "4": "Judged not relevant only"}
+    assert data.queries == {
+        "1": "What is the annual fee?",
+        "2": "What does a late payment cost?",
+        "4": "Judged not relevant only",
+    }
     assert data.qrels == {"1": {"d1": 1}, "2": {"d2": 2, "d1": 0}, "4": {"d3": 0}}
     assert data.corpus["d1"] == {"title": "Fees", "text": "The annual fee is $95."}
     assert data.corpus["d3"] == {"title": "", "text": "No title here."}
@@ -134,7 +138,9 @@ def test_load_beir_malformed_qrels(beir_folder: Path, qrels_text: str, message: 
         load_beir(beir_folder)
 
 
-def test_load_beir_qrels_without_header_and_negative_scores(beir_folder: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_load_beir_qrels_without_header_and_negative_scores(
+    beir_folder: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     (beir_folder / "qrels_test.tsv").write_text("1\td1\t1\n1\td1\t1\n2\td2\t-1\n", encoding="utf-8")
     with caplog.at_level(logging.WARNING):
         data = load_beir(beir_folder)
@@ -142,7 +148,9 @@ def test_load_beir_qrels_without_header_and_negative_scores(beir_folder: Path, c
     assert "1 negative scores read as 0" in caplog.text
 
 
-def test_load_beir_warns_about_judged_docs_missing_from_corpus(beir_folder: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_load_beir_warns_about_judged_docs_missing_from_corpus(
+    beir_folder: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     (beir_folder / "qrels_test.tsv").write_text("query-id\tcorpus-id\tscore\n1\tghost\t1\n", encoding="utf-8")
     with caplog.at_level(logging.WARNING):
         data = load_beir(beir_folder)
@@ -268,7 +276,9 @@ def test_load_jsonl_warns_about_unknown_fields_and_answer_without_references(
         (['{"question": "q", "reference_doc_ids": [null]}'], 1, "reference_doc_ids", "item 0 must be a non-empty string"),
     ],
 )
-def test_load_jsonl_malformed_lines(tmp_path: Path, lines: list[str], line: int, field: str | None, message: str) -> None:
+def test_load_jsonl_malformed_lines(
+    tmp_path: Path, lines: list[str], line: int, field: str | None, message: str
+) -> None:
     path = write_lines(tmp_path / "bad.jsonl", lines)
     with pytest.raises(DatasetFormatError, match=message) as caught:
         load_jsonl(path)

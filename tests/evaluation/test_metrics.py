@@ -274,7 +274,9 @@ def runs_and_qrels(draw: st.DrawFn) -> tuple[dict[str, list[str]], dict[str, dic
     return run, qrels, ks
 
 
-def ranx_per_query(run: dict[str, list[str]], qrels: dict[str, dict[str, int]], keys: list[str]) -> dict[str, dict[str, float]]:
+def ranx_per_query(
+    run: dict[str, list[str]], qrels: dict[str, dict[str, int]], keys: list[str]
+) -> dict[str, dict[str, float]]:
     """ranx's value of every metric key for every judged query (one batched ranx call)."""
     ranx_qrels = ranx.Qrels(copy.deepcopy(qrels))
     # Strictly decreasing scores fix ranx's order to the given one; empty rankings are left out
