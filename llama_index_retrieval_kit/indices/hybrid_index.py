@@ -12,7 +12,9 @@ Writes are crash-safe: an update first records the node ids it will touch in ``i
 (``pending``), then writes Qdrant and the next generation's files, then switches
 ``index.json`` to the new generation in one atomic rename. Opening a folder whose last update
 did not finish rolls Qdrant back to the committed generation (vectors come from the embedding
-cache), so the previous index is what you read.
+cache), so the previous index is what you read. A write that fails with an exception does the
+same roll-back at once in the live object; if that fails too, the journal keeps every touched
+id (it only grows until a commit) and the next open repairs the folder.
 """
 
 from __future__ import annotations
@@ -25,11 +27,13 @@ import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Literal, Optional, Sequence
 
+import numpy as np
 from llama_index.core import VectorStoreIndex
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.embeddings.base import BaseEmbedding
+from llama_index.core.indices.vector_store.retrievers import VectorIndexRetriever
 from llama_index.core.node_parser import NodeParser, get_leaf_nodes
-from llama_index.core.schema import BaseNode, Document, MetadataMode
+from llama_index.core.schema import BaseNode, Document, MetadataMode, NodeWithScore, QueryBundle
 from llama_index.core.storage.docstore import SimpleDocumentStore
 from llama_index.core.vector_stores.types import MetadataFilters
 from llama_index.core.vector_stores.utils import node_to_metadata_dict
@@ -65,6 +69,11 @@ def embed_model_name(embed_model: BaseEmbedding) -> str:
     return name
 
 
+def _describe_model(class_name: Optional[str], name: str) -> str:
+    """``'name' (ClassName)`` for error messages (a model name alone can be as vague as 'unknown')."""
+    return f"{name!r} ({class_name})" if class_name else repr(name)
+
+
 def _parser_from_dict(data: Dict[str, Any]) -> NodeParser:
     """Rebuild the node parser recorded in index.json (ours or LlamaIndex's core parsers)."""
     from llama_index.core import node_parser as core_parsers
@@ -92,6 +101,19 @@ def _write_json_atomic(path: Path, data: Dict[str, Any]) -> None:
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
+
+
+class _SyncDenseRetriever(VectorIndexRetriever):
+    """LlamaIndex's dense retriever whose async path runs the synchronous query.
+
+    ``QdrantVectorStore.aquery`` needs an ``AsyncQdrantClient``, and Qdrant local mode allows one
+    client per folder, so ``aretrieve`` (e.g. a hybrid retriever's concurrent legs) would fail
+    with "Async client is not initialized". The query is fast and in-process; it runs inside the
+    event loop, as LlamaIndex does for any retriever without a native async path.
+    """
+
+    async def _aretrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
+        return self._retrieve(query_bundle)
 
 
 class HybridIndex:
@@ -175,8 +197,17 @@ class HybridIndex:
         client = cls._open_client(storage, qdrant_url, qdrant_api_key)
         bm25 = BM25Retriever([], tokenizer_config=tokenizer_config, k1=bm25_k1, b=bm25_b)
         index = cls(storage, config, embed_model, node_parser, client, bm25, SimpleDocumentStore(), tokenizer_config)
-        index._commit()  # generation 0: empty but valid
-        index.upsert(documents, show_progress=show_progress)
+        try:
+            index._commit()  # generation 0: empty but valid
+            index.upsert(documents, show_progress=show_progress)
+            if not client.collection_exists(config["collection"]):
+                # No document gave a chunk: create the collection anyway (dimension from one probe
+                # embedding), so that every retriever mode answers [] instead of "not found".
+                index._ensure_collection(len(embed_model.get_text_embedding("dimension probe")))
+                _write_json_atomic(storage / "index.json", index.config)
+        except BaseException:
+            index.close()  # release the Qdrant lock: the caller never gets this object
+            raise
         return index
 
     @classmethod
@@ -196,18 +227,19 @@ class HybridIndex:
         config = json.loads(manifest.read_text(encoding="utf-8"))
         if config.get("format_version") != FORMAT_VERSION:
             raise ValueError(f"{manifest}: format_version {config.get('format_version')!r}; this version reads {FORMAT_VERSION}")
+        built_with = _describe_model(config.get("embed_model_class"), config["embed_model"])
         if embed_model is None:
             if config["embed_model"] != DEFAULT_EMBED_MODEL:
                 raise ValueError(
-                    f"{storage} was built with embedding model {config['embed_model']!r}; pass "
+                    f"{storage} was built with embedding model {built_with}; pass "
                     f"embed_model= with that model to HybridIndex.load"
                 )
             embed_model = default_embed_model()
         if embed_model_name(embed_model) != config["embed_model"]:
+            given = _describe_model(embed_model.class_name(), embed_model_name(embed_model))
             raise ValueError(
-                f"{storage} was built with embedding model {config['embed_model']!r}, not "
-                f"{embed_model_name(embed_model)!r}: its vectors are not comparable. Load it with the same model, "
-                "or build a new index with this one"
+                f"{storage} was built with embedding model {built_with}, not {given}: their vectors are "
+                "not comparable. Load it with the model it was built with, or build a new index with this one"
             )
         node_parser = node_parser or _parser_from_dict(config["node_parser"])
         gen = config["generation"]
@@ -216,7 +248,11 @@ class HybridIndex:
         client = cls._open_client(storage, config.get("qdrant_url"), qdrant_api_key)
         index = cls(storage, config, embed_model, node_parser, client, bm25, docstore, bm25.tokenizer_config)
         if config.get("pending"):
-            index._roll_back(config["pending"])
+            try:
+                index._roll_back(config["pending"])
+            except BaseException:
+                index.close()
+                raise
         return index
 
     @staticmethod
@@ -266,20 +302,24 @@ class HybridIndex:
         self._ensure_collection(vectors.shape[1] if len(leaves) else None)
 
         self._begin(sorted(old_ids | new_ids))
-        if leaves:
-            self._write_points(leaves, vectors)
-        if stale:
-            self.client.delete(self.config["collection"], points_selector=models.PointIdsList(points=sorted(stale)))
-        # BM25: insert_nodes replaces every indexed node of the same documents (one rebuild).
-        emptied = set(ids) - {n.ref_doc_id for n in leaves}
-        for doc_id in emptied:
-            self.bm25.delete_ref_doc(doc_id)
-        if leaves:
-            self.bm25.insert_nodes(leaves)
-        for doc_id in ids:
-            self.docstore.delete_ref_doc(doc_id, raise_error=False)
-        self.docstore.add_documents(nodes, allow_update=True)
-        self._commit()
+        try:
+            if leaves:
+                self._write_points(leaves, vectors)
+            if stale:
+                self.client.delete(self.config["collection"], points_selector=models.PointIdsList(points=sorted(stale)))
+            # BM25: insert_nodes replaces every indexed node of the same documents (one rebuild).
+            emptied = set(ids) - {n.ref_doc_id for n in leaves}
+            for doc_id in emptied:
+                self.bm25.delete_ref_doc(doc_id)
+            if leaves:
+                self.bm25.insert_nodes(leaves)
+            for doc_id in ids:
+                self.docstore.delete_ref_doc(doc_id, raise_error=False)
+            self.docstore.add_documents(nodes, allow_update=True)
+            self._commit()
+        except BaseException:
+            self._recover()
+            raise
         logger.info("upserted %d documents: %d chunks, %d stale removed, %d embedded", len(ids), len(nodes), len(stale), embedded)
         return {"documents": len(ids), "chunks": len(nodes), "removed": len(stale), "embedded": embedded}
 
@@ -289,10 +329,14 @@ class HybridIndex:
         if not node_ids:
             raise ValueError(f"no document {doc_id!r} in {self.storage_dir} (known ids: {self.doc_ids()[:10]}...)")
         self._begin(node_ids)
-        self.client.delete(self.config["collection"], points_selector=models.PointIdsList(points=node_ids))
-        self.bm25.delete_ref_doc(doc_id)
-        self.docstore.delete_ref_doc(doc_id, raise_error=False)
-        self._commit()
+        try:
+            self.client.delete(self.config["collection"], points_selector=models.PointIdsList(points=node_ids))
+            self.bm25.delete_ref_doc(doc_id)
+            self.docstore.delete_ref_doc(doc_id, raise_error=False)
+            self._commit()
+        except BaseException:
+            self._recover()
+            raise
         return len(node_ids)
 
     def _node_ids_of(self, doc_id: str) -> List[str]:
@@ -320,6 +364,12 @@ class HybridIndex:
 
     def _write_points(self, leaves: Sequence[BaseNode], vectors: Any) -> None:
         bm25cfg = self.config["bm25"]
+        # Unit-length vectors: cosine does not care, and Qdrant local mode (qdrant-client 1.20)
+        # normalises vectors on upsert but not when it reloads the collection from disk, so a
+        # model that returns non-unit vectors would score differently after every reopen.
+        vectors = np.asarray(vectors, dtype=np.float32)
+        norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+        vectors = vectors / np.where(norms > 0, norms, 1.0)
         tokens = [self.bm25.tokenize(n.get_content()) for n in leaves]
         if bm25cfg["avgdl"] is None:
             bm25cfg["avgdl"] = max(1.0, sum(len(t) for t in tokens) / max(1, len(tokens)))
@@ -338,9 +388,41 @@ class HybridIndex:
             self.client.upsert(self.config["collection"], points=points[i : i + 256], wait=True)
 
     def _begin(self, touched_ids: Sequence[str]) -> None:
-        """Record what the next write touches, so a crash can be rolled back on open."""
-        self.config["pending"] = {"generation": self.config["generation"] + 1, "touched_ids": list(touched_ids)}
+        """Record what the next write touches, so a crash can be rolled back on open.
+
+        An unfinished earlier write (its roll-back failed) keeps its ids in the journal: the
+        journal only ever grows until a commit, so no touched chunk is forgotten.
+        """
+        touched = set(touched_ids)
+        pending = self.config.get("pending")
+        if pending:
+            touched.update(pending.get("touched_ids", []))
+        self.config["pending"] = {"generation": self.config["generation"] + 1, "touched_ids": sorted(touched)}
         _write_json_atomic(self.storage_dir / "index.json", self.config)
+
+    def _recover(self) -> None:
+        """After a failed write: read the committed generation again and roll Qdrant back to it.
+
+        A write changes BM25 and the docstore in memory before it commits, so without this the
+        live object would keep serving the half-done write. Best effort: when recovery fails too,
+        the journal stays in index.json and :meth:`load` rolls back on the next open.
+        """
+        try:
+            config = json.loads((self.storage_dir / "index.json").read_text(encoding="utf-8"))
+            gen = config["generation"]
+            committed = BM25Retriever.load(
+                self.storage_dir / "bm25" / f"gen-{gen}", custom_tokenizer=self.tokenizer_config.custom_tokenizer
+            )
+            docstore = SimpleDocumentStore.from_persist_path(str(self.storage_dir / "docstore" / f"gen-{gen}.json"))
+            # Swap the state in place, so retrievers made earlier (BM25 views) see it too.
+            with self.bm25._shared.lock:
+                self.bm25._shared.snapshot = committed._shared.snapshot
+            self.docstore = docstore
+            self.config = config
+            if config.get("pending"):
+                self._roll_back(config["pending"])
+        except Exception:
+            logger.exception("%s: could not roll back the failed write in this process; HybridIndex.load will", self.storage_dir)
 
     def _commit(self) -> None:
         """Write the next generation's BM25 and docstore, then switch index.json to it."""
@@ -417,6 +499,11 @@ class HybridIndex:
         if mode == "dense":
             return self._dense_retriever(filters, similarity_top_k)
         if mode == "qdrant_hybrid":
+            if weights is not None and len({float(w) for w in weights}) > 1:
+                raise ValueError(
+                    f"mode='qdrant_hybrid' cannot weight its legs ({list(weights)!r}): Qdrant's weighted RRF is not "
+                    "w / (k + rank); use mode='hybrid' for weighted fusion"
+                )
             return QdrantHybridRetriever(
                 self.client,
                 self.config["collection"],
@@ -425,7 +512,7 @@ class HybridIndex:
                 self.vector_store._build_query_filter,
                 similarity_top_k=similarity_top_k,
                 candidate_top_k=max(candidate_top_k, similarity_top_k),
-                rrf_k=int(rrf_k),
+                rrf_k=rrf_k,  # QdrantHybridRetriever rejects a non-integer k instead of truncating it
                 filters=filters,
             )
         depth = max(candidate_top_k, similarity_top_k)
@@ -445,7 +532,7 @@ class HybridIndex:
 
     def _dense_retriever(self, filters: Optional[MetadataFilters], top_k: int) -> BaseRetriever:
         index = VectorStoreIndex.from_vector_store(self.vector_store, embed_model=self.embed_model)
-        return index.as_retriever(similarity_top_k=top_k, filters=filters)
+        return _SyncDenseRetriever(index, similarity_top_k=top_k, filters=filters, embed_model=self.embed_model)
 
     def as_query_engine(self, llm: Any = None, mode: str = "hybrid", similarity_top_k: int = 5, **kwargs: Any) -> Any:
         """A ``RetrieverQueryEngine`` over :meth:`as_retriever`; ``llm`` defaults to LlamaIndex's."""

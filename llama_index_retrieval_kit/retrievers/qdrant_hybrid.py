@@ -2,15 +2,19 @@
 
 The sparse vectors are BM25 term weights computed here with our BM25 tokenizer (no sparse
 model to download); Qdrant multiplies them by its own IDF (``Modifier.IDF``), so the sparse leg
-scores like Lucene BM25:
+scores like Lucene BM25 (Lucene >= 8, which dropped the constant ``(k1 + 1)`` factor) and like
+bm25s ``method="lucene"``, the scorer of :class:`BM25Retriever`:
 
-    doc value(t)   = tf * (k1 + 1) / (tf + k1 * (1 - b + b * dl / avgdl))
+    doc value(t)   = tf / (tf + k1 * (1 - b + b * dl / avgdl))
     query value(t) = occurrences of t in the query (as bm25s counts repeated terms)
     Qdrant IDF(t)  = ln(1 + (N - n_t + 0.5) / (n_t + 0.5))
 
-Differences from bm25s worth knowing: ``avgdl`` is frozen when a document is written (an
-upsert does not re-weight older documents), IDF comes from Qdrant's live statistics, and
-token ids are 32-bit hashes (a collision merges two terms; rare at ordinary vocabularies).
+On a freshly built index the sparse leg's scores therefore equal the BM25 leg's (float32
+rounding aside). Differences from bm25s worth knowing: ``avgdl`` is frozen when the index is
+first written (an upsert re-weights neither older nor newer documents, while bm25s recomputes it
+on every rebuild), IDF comes from Qdrant's live statistics (N and n_t follow upserts and
+deletes, as bm25s does), and token ids are 32-bit hashes (a collision merges two terms; rare at
+ordinary vocabularies).
 
 Fusion runs inside Qdrant (Query API: one prefetch per leg, each with the same filter, then
 RRF). Qdrant's RRF counts ranks from 0 (``1 / (k_q + rank0)``); we pass ``k_q = rrf_k + 1`` so
@@ -44,7 +48,11 @@ def token_id(token: str) -> int:
 
 
 def bm25_doc_vector(tokens: Sequence[str], avgdl: float, k1: float = 1.5, b: float = 0.75) -> models.SparseVector:
-    """BM25 term weights of a document (Qdrant applies IDF)."""
+    """BM25 term weights of a document, ``tf / (tf + k1 * (1 - b + b * dl / avgdl))`` (Qdrant applies IDF).
+
+    No ``(k1 + 1)`` factor: bm25s' ``"lucene"`` method (and Lucene since 8.0) leaves it out, and
+    with it the sparse leg's scores would be ``k1 + 1`` times the BM25 leg's.
+    """
     if avgdl <= 0:
         raise ValueError(f"avgdl must be > 0, got {avgdl}")
     dl = len(tokens)
@@ -52,7 +60,7 @@ def bm25_doc_vector(tokens: Sequence[str], avgdl: float, k1: float = 1.5, b: flo
     weights: dict[int, float] = {}
     for term, tf in Counter(tokens).items():
         tid = token_id(term)
-        weights[tid] = weights.get(tid, 0.0) + tf * (k1 + 1) / (tf + norm)
+        weights[tid] = weights.get(tid, 0.0) + tf / (tf + norm)
     ids = sorted(weights)
     return models.SparseVector(indices=ids, values=[weights[i] for i in ids])
 

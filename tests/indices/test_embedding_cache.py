@@ -1,0 +1,94 @@
+"""embed_texts + EmbeddingCache: each distinct text reaches the model once, vectors equal
+LlamaIndex's own batch embedding (input order, unsorted), and the cache survives reopening."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from llama_index_retrieval_kit.indices import EmbeddingCache, embed_texts
+from llama_index_retrieval_kit.indices.embedding_cache import model_key
+
+TEXTS = [
+    "The annual fee is $95, waived for the first year.",
+    "Replace the cartridge every six months.",
+    "A late payment fee of up to $40 applies when the minimum payment is not received by the due date. " * 3,
+    "Fees.",
+    "The annual fee is $95, waived for the first year.",  # duplicate of the first
+    "We keep crash reports for 12 months and then delete them automatically.",
+]
+
+
+@pytest.fixture()
+def model_calls(embed_model, monkeypatch: pytest.MonkeyPatch) -> list:
+    """Every batch the model is asked to embed (through LlamaIndex's public batch method)."""
+    calls: list = []
+    cls = type(embed_model)
+    real = cls.get_text_embedding_batch
+
+    def spy(self, texts, *args, **kwargs):
+        calls.append(list(texts))
+        return real(self, texts, *args, **kwargs)
+
+    monkeypatch.setattr(cls, "get_text_embedding_batch", spy)
+    return calls
+
+
+def test_same_texts_twice_reach_the_model_once(embed_model, model_calls: list, tmp_path: Path) -> None:
+    cache = EmbeddingCache(tmp_path / "cache.sqlite")
+    try:
+        first = embed_texts(embed_model, TEXTS, cache, batch_size=2)
+        distinct = sorted(set(TEXTS))
+        assert sorted(t for batch in model_calls for t in batch) == distinct  # each distinct text once
+        assert all(len(batch) <= 2 for batch in model_calls)
+        assert len(cache) == len(distinct)
+        np.testing.assert_array_equal(first[0], first[4])  # the duplicate shares the vector
+
+        model_calls.clear()
+        second = embed_texts(embed_model, TEXTS, cache, batch_size=2)
+        assert model_calls == []
+        np.testing.assert_array_equal(second, first)
+
+        model_calls.clear()
+        embed_texts(embed_model, TEXTS[:2] + ["A brand new sentence about water filters."], cache)
+        assert model_calls == [["A brand new sentence about water filters."]]
+    finally:
+        cache.close()
+    reopened = EmbeddingCache(tmp_path / "cache.sqlite")  # the cache is on disk
+    try:
+        model_calls.clear()
+        np.testing.assert_array_equal(embed_texts(embed_model, TEXTS, reopened), first)
+        assert model_calls == []
+    finally:
+        reopened.close()
+
+
+def test_vectors_equal_llamaindex_unsorted_batch_embedding(embed_model) -> None:
+    """Length-sorted batching changes padding, not the vectors (to float rounding)."""
+    ours = embed_texts(embed_model, TEXTS, cache=None, batch_size=3)
+    theirs = np.asarray(embed_model.get_text_embedding_batch(TEXTS), dtype=np.float32)  # input order, one batch
+    assert ours.shape == theirs.shape == (len(TEXTS), 384) and ours.dtype == np.float32
+    np.testing.assert_allclose(ours, theirs, atol=1e-5, rtol=0)
+
+
+def test_cache_is_keyed_by_model(embed_model, tmp_path: Path) -> None:
+    from llama_index.core.embeddings import MockEmbedding
+
+    mock = MockEmbedding(embed_dim=384)
+    assert model_key(mock) != model_key(embed_model)
+    with_cache = EmbeddingCache(tmp_path / "cache.sqlite")
+    try:
+        real = embed_texts(embed_model, TEXTS[:2], with_cache)
+        fake = embed_texts(mock, TEXTS[:2], with_cache)  # same texts, other model: no cross-talk
+        assert len(with_cache) == 4
+        assert not np.allclose(real, fake)
+    finally:
+        with_cache.close()
+
+
+def test_embed_texts_rejects_bad_batch_size_and_handles_empty_input(embed_model) -> None:
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        embed_texts(embed_model, TEXTS, batch_size=0)
+    assert embed_texts(embed_model, []).shape == (0, 0)

@@ -1,0 +1,103 @@
+"""HybridIndex retrievers and engines: per-leg ranks and scores on fused results, aretrieve ==
+retrieve, the query engine (no LLM: clear error; MockLLM: hybrid sources), and the hierarchical
+parser with LlamaIndex's AutoMergingRetriever."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from pathlib import Path
+
+import pytest
+from llama_index.core import Settings, StorageContext
+from llama_index.core.llms import MockLLM
+from llama_index.core.retrievers import AutoMergingRetriever
+from llama_index.core.schema import QueryBundle
+
+from llama_index_retrieval_kit.indices import RETRIEVER_MODES, HybridIndex
+from llama_index_retrieval_kit.node_parser import SectionHierarchyNodeParser
+from llama_index_retrieval_kit.retrievers import FusedNodeWithScore
+
+from . import _support
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "hybrid_score"])
+def test_fused_results_carry_each_legs_rank_and_score(index: HybridIndex, bundles, mode: str) -> None:
+    for qb in bundles[:3]:
+        legs = {
+            "bm25": index.as_retriever("sparse", similarity_top_k=100).retrieve(qb),
+            "dense": index.as_retriever("dense", similarity_top_k=100).retrieve(qb),
+        }
+        rank_of = {leg: {r.node.node_id: (rank, r.score) for rank, r in enumerate(res, 1)} for leg, res in legs.items()}
+        results = index.as_retriever(mode, similarity_top_k=10).retrieve(qb)
+        assert len(results) == 10
+        for r in results:
+            assert isinstance(r, FusedNodeWithScore)
+            assert r.leg_ranks and set(r.leg_ranks) <= {"bm25", "dense"} and set(r.leg_scores) == set(r.leg_ranks)
+            for leg in ("bm25", "dense"):
+                if r.node.node_id in rank_of[leg]:
+                    assert (r.leg_ranks[leg], r.leg_scores[leg]) == pytest.approx(rank_of[leg][r.node.node_id], abs=1e-12)
+                else:
+                    assert leg not in r.leg_ranks
+            if mode == "hybrid":  # RRF, k = 60, ranks from 1
+                assert r.score == pytest.approx(math.fsum(1 / (60 + k) for k in r.leg_ranks.values()), abs=1e-15)
+        assert [r.score for r in results] == sorted((r.score for r in results), reverse=True)
+
+
+@pytest.mark.parametrize("mode", RETRIEVER_MODES)
+def test_aretrieve_gives_the_same_results_as_retrieve(index: HybridIndex, mode: str) -> None:
+    retriever = index.as_retriever(mode, similarity_top_k=8)
+    for query in ("What is the late payment fee?",):  # a string: the legs embed it on their own path
+        sync = retriever.retrieve(query)
+        async_ = asyncio.run(retriever.aretrieve(query))
+        _support.assert_same_ranking(_support.ranking(async_), _support.ranking(sync), truncated=True)
+        if mode.startswith("hybrid"):
+            assert [r.leg_ranks for r in async_] == [r.leg_ranks for r in sync]
+            for a, b in zip(async_, sync):
+                assert a.leg_scores == pytest.approx(b.leg_scores, abs=1e-9)
+
+
+def test_query_engine_needs_an_llm(index: HybridIndex, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(Settings, "_llm", None)
+    with pytest.raises(ValueError, match=r"as_query_engine needs an LLM: pass llm=.*never falls back to a paid API"):
+        index.as_query_engine()
+
+
+def test_query_engine_with_mock_llm_answers_from_the_hybrid_results(index: HybridIndex) -> None:
+    query = "How much does the Northwind Everyday Visa cost per year?"
+    response = index.as_query_engine(llm=MockLLM(), similarity_top_k=4).query(query)
+    assert str(response)  # MockLLM echoes the prompt, so the answer is not empty
+    want = index.as_retriever("hybrid", similarity_top_k=4).retrieve(query)
+    assert [(s.node.node_id, s.score) for s in response.source_nodes] == [(w.node.node_id, w.score) for w in want]
+    assert all(isinstance(s, FusedNodeWithScore) for s in response.source_nodes)
+
+
+def test_hierarchical_parser_indexes_leaves_and_auto_merging_works(tmp_path: Path, embed_model) -> None:
+    (doc,) = [d for d in _support.sample_documents() if d.id_ == _support.CHANGED_DOC]
+    parser = SectionHierarchyNodeParser(child_chunk_size=64, child_chunk_overlap=8)
+    with HybridIndex.from_documents([doc], tmp_path / "idx", embed_model=embed_model, node_parser=parser) as idx:
+        legs = _support.assert_consistent(idx)  # BM25 == Qdrant == docstore leaves; no parent in Qdrant
+        assert legs.docstore_parents and legs.docstore_leaves
+        assert not set(legs.docstore_parents) & (set(legs.bm25) | set(legs.qdrant))
+        assert len(idx) == legs.qdrant_count == len(legs.docstore_leaves)
+        for leaf in legs.docstore_leaves.values():
+            assert leaf.parent_node.node_id in legs.docstore_parents
+        assert {n.metadata["node_kind"] for n in legs.docstore_parents.values()} == {"parent"}
+
+        # A query made of one multi-child section's text retrieves most of its children, which
+        # AutoMergingRetriever (LlamaIndex's own) replaces by the parent from index.docstore.
+        parent = max(
+            (p for p in legs.docstore_parents.values() if 2 <= len(p.child_nodes) <= 4), key=lambda p: len(p.child_nodes)
+        )
+        merging = AutoMergingRetriever(
+            idx.as_retriever("hybrid", similarity_top_k=6), StorageContext.from_defaults(docstore=idx.docstore)
+        )
+        merged = merging.retrieve(QueryBundle(parent.get_content()))
+        assert parent.node_id in {r.node.node_id for r in merged}
+        children = {c.node_id for c in parent.child_nodes}
+        assert not children & {r.node.node_id for r in merged}  # replaced, not duplicated
+
+    with HybridIndex.load(tmp_path / "idx", embed_model=embed_model) as reopened:  # parser restored from index.json
+        assert isinstance(reopened.node_parser, SectionHierarchyNodeParser)
+        assert reopened.node_parser.child_chunk_size == 64
+        _support.assert_consistent(reopened)

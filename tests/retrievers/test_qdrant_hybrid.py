@@ -1,0 +1,221 @@
+"""Qdrant-native hybrid vs the in-process hybrid, on one HybridIndex over the bundled samples.
+
+* Sparse leg alone: Qdrant's BM25 sparse vectors (IDF applied by Qdrant) score exactly like
+  ``BM25Retriever`` (bm25s, Lucene variant) on a freshly built index; after an upsert they differ
+  only because the sparse vectors keep the ``avgdl`` frozen at build time (checked against an
+  independent Lucene BM25 oracle with each avgdl).
+* Fusion: ``qdrant_hybrid`` and ``hybrid`` return the same candidates with the same RRF scores,
+  in the same order up to ties, at equal candidate depth.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from pathlib import Path
+from typing import Dict, Iterator, Sequence
+
+import pytest
+from llama_index.core.schema import QueryBundle
+
+from llama_index_retrieval_kit.indices import HybridIndex
+from llama_index_retrieval_kit.retrievers import FusedNodeWithScore
+from llama_index_retrieval_kit.retrievers.qdrant_hybrid import (
+    SPARSE_VECTOR,
+    QdrantHybridRetriever,
+    bm25_doc_vector,
+    bm25_query_vector,
+    token_id,
+)
+
+from ..indices import _support
+
+ALL = 1000  # deeper than the corpus: every candidate
+
+
+@pytest.fixture(scope="module")
+def embed_model():
+    return _support.embed_model()
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory, embed_model) -> _support.Template:
+    """The session's sample index (built here when tests/indices did not build it already)."""
+    return _support.build_template(tmp_path_factory.mktemp("qdrant_hybrid_template"))
+
+
+@pytest.fixture(scope="module")
+def qindex(template: _support.Template, tmp_path_factory: pytest.TempPathFactory, embed_model) -> Iterator[HybridIndex]:
+    idx = HybridIndex.load(_support.copy_index(template, tmp_path_factory.mktemp("qh") / "index"), embed_model=embed_model)
+    try:
+        yield idx
+    finally:
+        idx.close()
+
+
+@pytest.fixture(scope="module")
+def bundles(embed_model):
+    return _support.query_bundles()
+
+
+# ---------------------------------------------------------------------- sparse leg alone
+
+
+def qdrant_sparse_scores(index: HybridIndex, query: str) -> Dict[str, float]:
+    vector = bm25_query_vector(index.bm25.tokenize(query))
+    if not vector.indices:
+        return {}
+    points = index.client.query_points(index.config["collection"], query=vector, using=SPARSE_VECTOR, limit=ALL).points
+    return {str(p.id): float(p.score) for p in points}
+
+
+def bm25_scores(index: HybridIndex, query: str) -> Dict[str, float]:
+    return {r.node.node_id: float(r.score) for r in index.as_retriever("sparse", similarity_top_k=ALL).retrieve(query)}
+
+
+def lucene_oracle(index: HybridIndex, query: str, avgdl: float) -> Dict[str, float]:
+    """Lucene BM25 written out: sum over query tokens (repeats count) of
+    ln(1 + (N - n + 0.5) / (n + 0.5)) * tf / (tf + k1 * (1 - b + b * dl / avgdl))."""
+    k1, b = index.config["bm25"]["k1"], index.config["bm25"]["b"]
+    docs = {n.node_id: index.bm25.tokenize(n.get_content()) for n in index.bm25.nodes}
+    df = Counter(t for toks in docs.values() for t in set(toks))
+    n_docs = len(docs)
+    out = {}
+    for node_id, toks in docs.items():
+        tf, dl = Counter(toks), len(toks)
+        score = math.fsum(
+            math.log(1 + (n_docs - df[t] + 0.5) / (df[t] + 0.5)) * tf[t] / (tf[t] + k1 * (1 - b + b * dl / avgdl))
+            for t in index.bm25.tokenize(query)
+            if tf[t]
+        )
+        if score > 0:
+            out[node_id] = score
+    return out
+
+
+def mean_doc_length(index: HybridIndex) -> float:
+    lengths = [len(index.bm25.tokenize(n.get_content())) for n in index.bm25.nodes]
+    return sum(lengths) / len(lengths)
+
+
+def assert_scores_close(got: Dict[str, float], want: Dict[str, float], what: str, rel: float = 2e-6) -> None:
+    assert set(got) == set(want), f"{what}: {sorted(set(got) ^ set(want))[:5]}"
+    for node_id, score in want.items():
+        assert got[node_id] == pytest.approx(score, rel=rel, abs=1e-7), f"{what}: {node_id}"
+
+
+def test_sparse_leg_scores_equal_bm25_on_a_fresh_index(qindex: HybridIndex) -> None:
+    avgdl = mean_doc_length(qindex)
+    assert qindex.config["bm25"]["avgdl"] == pytest.approx(avgdl)
+    compared = 0
+    for query in _support.questions():
+        bm25, qdrant = bm25_scores(qindex, query), qdrant_sparse_scores(qindex, query)
+        assert_scores_close(qdrant, bm25, f"qdrant vs bm25s for {query!r}")
+        assert_scores_close(bm25, lucene_oracle(qindex, query, avgdl), f"bm25s vs oracle for {query!r}")
+        compared += len(bm25)
+    assert compared > 300
+
+
+def test_after_an_upsert_the_sparse_leg_differs_from_bm25_only_by_its_frozen_avgdl(
+    tmp_path: Path, template: _support.Template, embed_model
+) -> None:
+    with HybridIndex.load(_support.copy_index(template, tmp_path / "upserted"), embed_model=embed_model) as idx:
+        frozen = idx.config["bm25"]["avgdl"]
+        idx.upsert([_support.changed_document()])
+        idx.delete("credit_card_terms.md")
+        live = mean_doc_length(idx)
+        assert idx.config["bm25"]["avgdl"] == frozen and abs(live - frozen) > 1
+        differ = 0
+        for query in _support.questions()[:12]:
+            bm25, qdrant = bm25_scores(idx, query), qdrant_sparse_scores(idx, query)
+            assert set(bm25) == set(qdrant)  # IDF statistics (N, n_t) are live in both
+            assert_scores_close(bm25, lucene_oracle(idx, query, live), f"bm25s, live avgdl, {query!r}")
+            assert_scores_close(qdrant, lucene_oracle(idx, query, frozen), f"qdrant, frozen avgdl, {query!r}")
+            differ += sum(not math.isclose(bm25[i], qdrant[i], rel_tol=1e-4) for i in bm25)
+        assert differ > 0  # the documented difference is real
+
+
+def test_bm25_doc_vector_is_lucene_term_weight() -> None:
+    tokens = ["fee", "annual", "fee", "waiv"]
+    vector = bm25_doc_vector(tokens, avgdl=8.0, k1=1.2, b=0.75)
+    norm = 1.2 * (1 - 0.75 + 0.75 * 4 / 8.0)
+    want = {token_id("fee"): 2 / (2 + norm), token_id("annual"): 1 / (1 + norm), token_id("waiv"): 1 / (1 + norm)}
+    assert list(vector.indices) == sorted(want)
+    assert list(vector.values) == pytest.approx([want[i] for i in sorted(want)])
+    query = bm25_query_vector(["fee", "fee", "annual"])
+    assert dict(zip(query.indices, query.values)) == {token_id("fee"): 2.0, token_id("annual"): 1.0}
+    assert token_id("fee") == token_id("fee") != token_id("fees")
+    with pytest.raises(ValueError, match="avgdl must be > 0"):
+        bm25_doc_vector(tokens, avgdl=0)
+
+
+# ---------------------------------------------------------------------- fused results
+
+
+def tied_ids(scores: Sequence[float], ids: Sequence[str], rel: float = 1e-6) -> set:
+    """Ids whose score equals a neighbour's (their rank between them is arbitrary)."""
+    out = set()
+    for i in range(1, len(scores)):
+        if math.isclose(scores[i], scores[i - 1], rel_tol=rel, abs_tol=1e-9):
+            out.update((ids[i], ids[i - 1]))
+    return out
+
+
+def leg_ties(index: HybridIndex, qb: QueryBundle) -> set:
+    out = set()
+    for mode in ("sparse", "dense"):
+        res = index.as_retriever(mode, similarity_top_k=ALL).retrieve(qb)
+        out |= tied_ids([r.score for r in res], [r.node.node_id for r in res])
+    return out
+
+
+def test_qdrant_hybrid_and_hybrid_agree_on_every_sample_question(qindex: HybridIndex, bundles) -> None:
+    strict = 0
+    for qb in bundles:
+        native = qindex.as_retriever("qdrant_hybrid", similarity_top_k=ALL).retrieve(qb)
+        ours = qindex.as_retriever("hybrid", similarity_top_k=ALL).retrieve(qb)
+        native_scores = {r.node.node_id: r.score for r in native}
+        our_scores = {r.node.node_id: r.score for r in ours}
+        assert len(native_scores) == len(native) and native_scores.keys() == our_scores.keys(), qb.query_str
+        ties = leg_ties(qindex, qb)
+        for node_id, score in our_scores.items():
+            if node_id not in ties:  # a leg tie may swap two ranks, and with them two RRF terms
+                assert native_scores[node_id] == pytest.approx(score, abs=1e-9), (qb.query_str, node_id)
+        if not ties:
+            strict += 1
+            _support.assert_same_ranking(_support.ranking(native), _support.ranking(ours), tol=1e-9)
+            # And the top 10 (what users see) agree up to ties at the cut.
+            top = qindex.as_retriever("qdrant_hybrid", similarity_top_k=10).retrieve(qb)
+            _support.assert_same_ranking(_support.ranking(top), _support.ranking(ours[:10]), tol=1e-9, truncated=True)
+    assert strict >= len(bundles) * 3 // 4, f"only {strict} questions without leg ties"
+
+
+@pytest.mark.parametrize("depth", [3, 10])
+def test_equal_candidate_depth_gives_equal_fusion(qindex: HybridIndex, bundles, depth: int) -> None:
+    for qb in bundles[:10]:
+        if leg_ties(qindex, qb):
+            continue
+        native = qindex.as_retriever("qdrant_hybrid", similarity_top_k=depth, candidate_top_k=depth).retrieve(qb)
+        ours = qindex.as_retriever("hybrid", similarity_top_k=depth, candidate_top_k=depth).retrieve(qb)
+        _support.assert_same_ranking(_support.ranking(native), _support.ranking(ours), tol=1e-9, truncated=True)
+        assert all(isinstance(r, FusedNodeWithScore) and max(r.leg_ranks.values()) <= depth for r in ours)
+
+
+def test_qdrant_hybrid_rejects_what_it_cannot_reproduce(qindex: HybridIndex) -> None:
+    retriever = qindex.as_retriever("qdrant_hybrid", rrf_k=60.0)
+    assert isinstance(retriever, QdrantHybridRetriever) and retriever.rrf_k == 60
+    with pytest.raises(ValueError, match="rrf_k must be a non-negative integer"):
+        qindex.as_retriever("qdrant_hybrid", rrf_k=60.5)  # was silently truncated to 60
+    with pytest.raises(ValueError, match="cannot weight its legs"):
+        qindex.as_retriever("qdrant_hybrid", weights=[2.0, 1.0])
+    qindex.as_retriever("qdrant_hybrid", weights=[1.0, 1.0])  # equal weights rank alike: allowed
+
+
+def test_query_of_stopwords_only_uses_the_dense_leg_in_both(qindex: HybridIndex, embed_model) -> None:
+    query = "is it not that, or this? there they are, as such."
+    assert qindex.bm25.tokenize(query) == []
+    qb = QueryBundle(query, embedding=embed_model.get_query_embedding(query))
+    native = qindex.as_retriever("qdrant_hybrid", similarity_top_k=5).retrieve(qb)
+    ours = qindex.as_retriever("hybrid", similarity_top_k=5).retrieve(qb)
+    _support.assert_same_ranking(_support.ranking(native), _support.ranking(ours), tol=1e-9, truncated=True)
+    assert all(set(r.leg_ranks) == {"dense"} for r in ours)
