@@ -4,6 +4,7 @@
     rkit ingest FILE_OR_DIR ...              # chunk documents, print a summary, write JSONL
     rkit index FILE_OR_DIR ... --storage DIR # build or update a hybrid index folder
     rkit query --storage DIR "question"      # retrieve from an index folder
+    rkit eval --dataset PATH --config NAME_OR_YAML ... --out DIR   # compare retrievers, write a report
 """
 
 from __future__ import annotations
@@ -135,7 +136,23 @@ def cmd_demo(args: argparse.Namespace) -> int:
         for question in ("How much is the late payment fee?", "How often should I replace the filter cartridge?"):
             _out(f"\nQ: {question}")
             _print_results(index.as_retriever(mode="hybrid", similarity_top_k=3).retrieve(question), width=160)
-    return 0
+
+    from .evaluation.cli_eval import cmd_eval
+    from .samples import QUESTIONS_FILE
+
+    _out("\n== Evaluation on the bundled labelled questions (BM25 vs dense vs hybrid) ==")
+    eval_args = argparse.Namespace(
+        dataset=str(QUESTIONS_FILE),
+        config=["bm25", "dense", "hybrid"],
+        out=str(out / "eval"),
+        docs=None,
+        ks=(1, 3, 5, 10),
+        limit_queries=None,
+        relevance="auto",
+        embedding_cache=str(out / "index" / "embeddings.sqlite"),
+        quiet=args.quiet,
+    )
+    return cmd_eval(eval_args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -172,6 +189,10 @@ def build_parser() -> argparse.ArgumentParser:
     qry.add_argument("--mode", choices=["hybrid", "hybrid_score", "dense", "sparse", "qdrant_hybrid"], default="hybrid")
     qry.add_argument("-k", "--top-k", type=int, default=5)
     qry.set_defaults(func=cmd_query)
+
+    from .evaluation.cli_eval import add_eval_subparser
+
+    add_eval_subparser(sub)
     return p
 
 

@@ -1,0 +1,416 @@
+"""Run any LlamaIndex retriever over a labelled dataset and score it.
+
+:func:`evaluate_retriever` = :func:`retrieve_all` (run the queries, time each one, keep the
+ranked node ids and scores) + :func:`score_retrievals` (turn them into rankings and metrics).
+Keeping the two apart lets a stored run be re-scored, e.g. under another relevance mode.
+
+Relevance modes (what counts as a relevant retrieved item):
+
+* ``"doc"``: each retrieved chunk stands for its document (``metadata["doc_id"]``, else
+  ``node.ref_doc_id``); the chunk ranking becomes a document ranking with max-score
+  aggregation (:func:`~.relevance.doc_level_run`) and is scored against the doc-level qrels.
+  ``k`` counts documents. Survives re-chunking.
+* ``"node"``: the ranked node ids are scored against qrels whose keys are node ids. Only
+  meaningful for the chunking the labels were made with.
+* ``"text"``: the query's reference passages (``reference_contexts``) are the relevant items.
+  A retrieved chunk finds passage ``j`` when ``text_match(reference_j, chunk_text)``; each
+  passage is found once, by the best-ranked chunk holding it, and a chunk that holds no
+  passage not found before is a non-relevant item (as a repeated document would be). ``k``
+  counts chunks. Recall@k is the share of passages found; nDCG/MAP use the passage count as
+  the number of relevant items. Alongside, ``coverage@k`` (mean over the passages of
+  :func:`~.relevance.coverage_at_k`) and ``chars@k`` (characters in the top-k chunks) are
+  reported: they do not depend on where the chunker cut, so configurations are comparable
+  when their chars@k are similar.
+* ``"auto"``: ``"text"`` when the dataset has reference passages, else ``"doc"``.
+
+Queries: a *no-answer* query (no relevant doc and no reference passage) is kept in
+``per_query`` (``answerable=False``, no IR metrics) but left out of the means; an answerable
+query without labels of the chosen mode (e.g. only doc ids under ``"text"``) is left out too
+and listed in ``unlabelled``. An empty retrieval is a miss (every metric 0.0).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+from llama_index.core.base.base_retriever import BaseRetriever
+from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
+
+from .datasets import RetrievalDataset
+from .metrics import DEFAULT_KS, EvalResult, _check_ks, evaluate_run
+from .relevance import chars_at_k, coverage_at_k, doc_level_run, text_match
+
+logger = logging.getLogger(__name__)
+
+RELEVANCE_MODES: tuple[str, ...] = ("auto", "doc", "node", "text")
+#: Extra per-query figures computed under ``relevance="text"`` (keys ``coverage@k``, ``chars@k``).
+TEXT_FIGURES: tuple[str, ...] = ("coverage", "chars")
+
+
+# --------------------------------------------------------------------------------------------
+# Retrieval
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Retrieval:
+    """What a retriever returned for one query, in rank order.
+
+    ``node_ids``/``scores``/``doc_ids`` have one entry per retrieved chunk (a node returned
+    twice is kept once, at its best rank). ``doc_ids`` hold ``metadata["doc_id"]``, else
+    ``ref_doc_id``, else None. ``texts`` holds the raw text of the first ``text_depth`` chunks
+    only (what text relevance needs). ``latency_s``: wall time of the ``retrieve`` call.
+    """
+
+    query_id: str
+    node_ids: tuple[str, ...]
+    scores: tuple[float | None, ...]
+    doc_ids: tuple[str | None, ...]
+    texts: tuple[str, ...]
+    latency_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (without texts): query id, node ids, scores, doc ids, latency."""
+        return {
+            "query_id": self.query_id,
+            "node_ids": list(self.node_ids),
+            "scores": list(self.scores),
+            "doc_ids": list(self.doc_ids),
+            "latency_ms": round(self.latency_s * 1000.0, 3),
+        }
+
+
+def node_doc_id(node: Any) -> str | None:
+    """The document a chunk belongs to: ``metadata["doc_id"]``, else ``ref_doc_id``, else None."""
+    doc_id = (node.metadata or {}).get("doc_id")
+    if isinstance(doc_id, str) and doc_id:
+        return doc_id
+    return node.ref_doc_id
+
+
+def _as_retrieval(query_id: str, results: Sequence[NodeWithScore], latency_s: float, text_depth: int) -> Retrieval:
+    seen: set[str] = set()
+    kept: list[NodeWithScore] = []
+    for result in results:
+        if result.node.node_id in seen:
+            continue
+        seen.add(result.node.node_id)
+        kept.append(result)
+    if len(kept) < len(results):
+        logger.debug("query %r: dropped %d repeated node ids", query_id, len(results) - len(kept))
+    return Retrieval(
+        query_id=query_id,
+        node_ids=tuple(r.node.node_id for r in kept),
+        scores=tuple(None if r.score is None else float(r.score) for r in kept),
+        doc_ids=tuple(node_doc_id(r.node) for r in kept),
+        texts=tuple(r.node.get_content(metadata_mode=MetadataMode.NONE) for r in kept[:text_depth]),
+        latency_s=latency_s,
+    )
+
+
+def retrieve_all(
+    retriever: BaseRetriever,
+    queries: Mapping[str, str],
+    text_depth: int = max(DEFAULT_KS),
+    show_progress: bool = False,
+) -> dict[str, Retrieval]:
+    """Run ``retriever.retrieve`` on every query (in order), timing each call.
+
+    The retriever is used as configured (its own top-k); it is not modified. Raises
+    RuntimeError naming the query when the retriever fails.
+    """
+    if not isinstance(retriever, BaseRetriever):
+        raise ValueError(f"retriever must be a LlamaIndex BaseRetriever, got {type(retriever).__name__}")
+    if isinstance(text_depth, bool) or not isinstance(text_depth, int) or text_depth < 0:
+        raise ValueError(f"text_depth must be an int >= 0, got {text_depth!r}")
+    items: Any = list(queries.items())
+    if show_progress:
+        from tqdm.auto import tqdm
+
+        items = tqdm(items, desc="Retrieving", unit="query")
+    out: dict[str, Retrieval] = {}
+    for query_id, text in items:
+        start = time.perf_counter()
+        try:
+            results = retriever.retrieve(QueryBundle(query_str=text))
+        except Exception as exc:
+            raise RuntimeError(f"{type(retriever).__name__} failed on query {query_id!r} ({text[:80]!r}): {exc}") from exc
+        out[query_id] = _as_retrieval(query_id, results, time.perf_counter() - start, text_depth)
+    return out
+
+
+def latency_summary(latencies_s: Sequence[float]) -> dict[str, float]:
+    """p50/p95/mean per-query latency in milliseconds and the total in seconds (0 when empty)."""
+    if not latencies_s:
+        return {"p50_ms": 0.0, "p95_ms": 0.0, "mean_ms": 0.0, "total_s": 0.0}
+    values = np.asarray(latencies_s, dtype=float)
+    return {
+        "p50_ms": float(np.percentile(values, 50) * 1000.0),
+        "p95_ms": float(np.percentile(values, 95) * 1000.0),
+        "mean_ms": float(values.mean() * 1000.0),
+        "total_s": float(values.sum()),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Rankings per relevance mode (pure)
+# --------------------------------------------------------------------------------------------
+
+
+def doc_ranking(retrieval: Retrieval) -> list[str] | list[tuple[str, float]]:
+    """The chunk ranking as a document ranking (max-score aggregation, first-chunk rank order)."""
+    missing = [node_id for node_id, doc_id in zip(retrieval.node_ids, retrieval.doc_ids) if doc_id is None]
+    if missing:
+        raise ValueError(
+            f"query {retrieval.query_id!r}: retrieved node {missing[0]!r} has no metadata['doc_id'] and no source "
+            "document (ref_doc_id), so doc-level relevance cannot map it to a document; give nodes a doc_id "
+            "or use relevance='node'"
+        )
+    chunk_to_doc = dict(zip(retrieval.node_ids, retrieval.doc_ids))
+    if any(score is None for score in retrieval.scores):
+        return doc_level_run(list(retrieval.node_ids), chunk_to_doc)  # type: ignore[arg-type]
+    pairs = [(node_id, float(score)) for node_id, score in zip(retrieval.node_ids, retrieval.scores)]  # type: ignore[arg-type]
+    return doc_level_run(pairs, chunk_to_doc)
+
+
+def passage_ranking(chunk_texts: Sequence[str], references: Sequence[str]) -> list[str]:
+    """Chunks in rank order as item ids: ``"ref{j}"`` where a chunk first finds passage j.
+
+    A chunk gets the id of the first reference passage it holds (``text_match``) that no
+    better-ranked chunk found; otherwise it is a non-relevant item ``"chunk{rank}"``.
+    """
+    found: set[int] = set()
+    ranking: list[str] = []
+    for rank, text in enumerate(chunk_texts, start=1):
+        new = next((j for j, ref in enumerate(references) if j not in found and text_match(ref, text)), None)
+        if new is None:
+            ranking.append(f"chunk{rank}")
+        else:
+            found.add(new)
+            ranking.append(f"ref{new}")
+    return ranking
+
+
+def passage_qrels(references: Sequence[str]) -> dict[str, int]:
+    """Judgments matching :func:`passage_ranking`: each reference passage is one relevant item."""
+    return {f"ref{j}": 1 for j in range(len(references))}
+
+
+def text_figures(chunk_texts: Sequence[str], references: Sequence[str], ks: Sequence[int]) -> dict[str, float]:
+    """``coverage@k`` (mean coverage of the passages by the top-k chunks) and ``chars@k``."""
+    figures: dict[str, float] = {}
+    for k in ks:
+        top = list(chunk_texts[:k])
+        if references:
+            figures[f"coverage@{k}"] = math.fsum(coverage_at_k(ref, top) for ref in references) / len(references)
+        figures[f"chars@{k}"] = float(chars_at_k(top))
+    return figures
+
+
+# --------------------------------------------------------------------------------------------
+# Scoring
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QueryEvaluation:
+    """One query's result: flags, metric values (``"ndcg@10"``...) and what was retrieved.
+
+    ``metrics`` is empty for queries left out of the means (no-answer or unlabelled), except
+    ``chars@k`` under text relevance. ``ranking`` is the scored item list (doc ids, node ids
+    or passage item ids).
+    """
+
+    query_id: str
+    answerable: bool
+    labelled: bool
+    metrics: dict[str, float]
+    ranking: tuple[str, ...]
+    retrieval: Retrieval
+
+
+@dataclass(frozen=True)
+class RetrieverEvaluation:
+    """Metrics of one retriever on one dataset.
+
+    ``mean`` averages over the labelled answerable queries (``num_scored``): IR metrics
+    ``metric@k`` for every metric of
+    :data:`~.metrics.METRIC_NAMES` and k in ``ks``, plus ``coverage@k``/``chars@k`` under text
+    relevance. ``per_query`` holds every query in dataset order. ``latency``: per-query
+    retrieval latency (see :func:`latency_summary`).
+    """
+
+    relevance: str
+    ks: tuple[int, ...]
+    mean: dict[str, float]
+    per_query: dict[str, QueryEvaluation]
+    no_answer_ids: tuple[str, ...]
+    unlabelled_ids: tuple[str, ...]
+    latency: dict[str, float]
+    dataset_name: str = ""
+
+    @property
+    def num_scored(self) -> int:
+        """How many queries the means average over."""
+        return sum(1 for q in self.per_query.values() if q.answerable and q.labelled)
+
+    def scored_ids(self) -> list[str]:
+        """Ids of the queries in the means, in dataset order."""
+        return [qid for qid, q in self.per_query.items() if q.answerable and q.labelled]
+
+    def values(self, key: str) -> dict[str, float]:
+        """``key`` (e.g. ``"ndcg@10"``) for every scored query."""
+        if key not in self.mean:
+            raise ValueError(f"unknown metric {key!r}; available: {sorted(self.mean)}")
+        return {qid: self.per_query[qid].metrics[key] for qid in self.scored_ids()}
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready means, counts and latency (no per-query data)."""
+        return {
+            "dataset": self.dataset_name,
+            "relevance": self.relevance,
+            "ks": list(self.ks),
+            "num_queries": len(self.per_query),
+            "num_scored": self.num_scored,
+            "num_no_answer": len(self.no_answer_ids),
+            "num_unlabelled": len(self.unlabelled_ids),
+            "mean": dict(self.mean),
+            "latency": dict(self.latency),
+        }
+
+
+def resolve_relevance(relevance: str, dataset: RetrievalDataset) -> str:
+    """The relevance mode to use: ``relevance`` checked, ``"auto"`` resolved (see module doc)."""
+    if relevance not in RELEVANCE_MODES:
+        raise ValueError(f"relevance must be one of {RELEVANCE_MODES}, got {relevance!r}")
+    if relevance != "auto":
+        return relevance
+    return "text" if any(dataset.reference_contexts.get(qid) for qid in dataset.queries) else "doc"
+
+
+def _is_labelled(dataset: RetrievalDataset, query_id: str, relevance: str) -> bool:
+    if relevance == "text":
+        return bool(dataset.reference_contexts.get(query_id))
+    return any(value > 0 for value in dataset.qrels.get(query_id, {}).values())
+
+
+def _ranking_of(retrieval: Retrieval, relevance: str, references: Sequence[str]) -> list[str]:
+    if relevance == "doc":
+        return [item if isinstance(item, str) else item[0] for item in doc_ranking(retrieval)]
+    if relevance == "node":
+        return list(retrieval.node_ids)
+    return passage_ranking(retrieval.texts, references)
+
+
+def score_retrievals(
+    retrievals: Mapping[str, Retrieval],
+    dataset: RetrievalDataset,
+    ks: Sequence[int] = DEFAULT_KS,
+    relevance: str = "auto",
+) -> RetrieverEvaluation:
+    """Score stored retrievals against ``dataset`` (see the module doc for the modes).
+
+    A dataset query missing from ``retrievals`` is scored as an empty retrieval (a miss).
+    Raises ValueError when no query has labels for the chosen mode.
+    """
+    cutoffs = tuple(_check_ks(ks))
+    mode = resolve_relevance(relevance, dataset)
+    if mode == "text":
+        short = [r.query_id for r in retrievals.values() if len(r.texts) < min(len(r.node_ids), max(cutoffs))]
+        if short:
+            logger.warning(
+                "text relevance: %d queries kept fewer chunk texts than max(ks)=%d (retrieve_all text_depth); "
+                "their deeper chunks count as misses: %s", len(short), max(cutoffs), short[:5]
+            )
+
+    run: dict[str, list[str]] = {}
+    qrels: dict[str, dict[str, int]] = {}
+    rankings: dict[str, tuple[str, ...]] = {}
+    extra: dict[str, dict[str, float]] = {}
+    no_answer: list[str] = []
+    unlabelled: list[str] = []
+    for query_id in dataset.queries:
+        retrieval = retrievals.get(query_id) or Retrieval(query_id, (), (), (), (), 0.0)
+        answerable = dataset.is_answerable(query_id)
+        labelled = _is_labelled(dataset, query_id, mode)
+        references = dataset.reference_contexts.get(query_id, []) if mode == "text" else []
+        if not answerable:
+            no_answer.append(query_id)
+        elif not labelled:
+            unlabelled.append(query_id)
+        if mode == "text":
+            extra[query_id] = text_figures(retrieval.texts, references, cutoffs)
+        if not (answerable and labelled):
+            rankings[query_id] = ()
+            continue
+        ranking = _ranking_of(retrieval, mode, references)
+        rankings[query_id] = tuple(ranking)
+        run[query_id] = ranking
+        qrels[query_id] = passage_qrels(references) if mode == "text" else dict(dataset.qrels[query_id])
+    if not qrels:
+        raise ValueError(
+            f"no query of {dataset.name or 'the dataset'!r} has labels for relevance={mode!r} "
+            f"({len(no_answer)} no-answer, {len(unlabelled)} without {mode}-level labels); "
+            "choose another relevance mode"
+        )
+    if unlabelled:
+        logger.warning("%d answerable queries have no %s-level labels and are not scored: %s", len(unlabelled), mode, unlabelled[:5])
+
+    result: EvalResult = evaluate_run(run, qrels, ks=cutoffs)
+    per_query: dict[str, QueryEvaluation] = {}
+    for query_id in dataset.queries:
+        retrieval = retrievals.get(query_id) or Retrieval(query_id, (), (), (), (), 0.0)
+        metrics = dict(result.per_query.get(query_id, {}))
+        scored = query_id in result.per_query
+        figures = extra.get(query_id, {})
+        metrics.update(figures if scored else {key: value for key, value in figures.items() if key.startswith("chars@")})
+        per_query[query_id] = QueryEvaluation(
+            query_id=query_id,
+            answerable=dataset.is_answerable(query_id),
+            labelled=_is_labelled(dataset, query_id, mode),
+            metrics=metrics,
+            ranking=rankings[query_id],
+            retrieval=retrieval,
+        )
+    mean = dict(result.mean)
+    if mode == "text":
+        scored_ids = list(result.per_query)
+        for key in [f"{name}@{k}" for name in TEXT_FIGURES for k in cutoffs]:
+            mean[key] = math.fsum(per_query[qid].metrics[key] for qid in scored_ids) / len(scored_ids)
+    latencies = [retrievals[qid].latency_s for qid in dataset.queries if qid in retrievals]
+    return RetrieverEvaluation(
+        relevance=mode,
+        ks=cutoffs,
+        mean=mean,
+        per_query=per_query,
+        no_answer_ids=tuple(no_answer),
+        unlabelled_ids=tuple(unlabelled),
+        latency=latency_summary(latencies),
+        dataset_name=dataset.name,
+    )
+
+
+def evaluate_retriever(
+    retriever: BaseRetriever,
+    dataset: RetrievalDataset,
+    ks: Sequence[int] = DEFAULT_KS,
+    relevance: str = "auto",
+    show_progress: bool = False,
+) -> RetrieverEvaluation:
+    """Retrieve for every query of ``dataset`` and score the results.
+
+    ``retriever`` is any LlamaIndex ``BaseRetriever`` (ours or LlamaIndex's own), used as
+    configured: set its top-k to at least ``max(ks)`` chunks (for doc relevance, enough chunks
+    to fill ``max(ks)`` documents). See the module doc for ``relevance``.
+    """
+    cutoffs = tuple(_check_ks(ks))
+    if not isinstance(dataset, RetrievalDataset):
+        raise ValueError(f"dataset must be a RetrievalDataset (load_beir / load_jsonl), got {type(dataset).__name__}")
+    resolve_relevance(relevance, dataset)  # fail before retrieving
+    retrievals = retrieve_all(retriever, dataset.queries, text_depth=max(cutoffs), show_progress=show_progress)
+    return score_retrievals(retrievals, dataset, ks=cutoffs, relevance=relevance)

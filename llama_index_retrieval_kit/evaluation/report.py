@@ -1,0 +1,530 @@
+"""The evaluation report: metrics.json, per_query.csv, runs/, summary.md, plots, significance.
+
+Significance: for each pair of configurations and each compared metric (``ndcg@10``,
+``mrr@10``, ``recall@<max k>`` where those k were evaluated) the per-query values of the
+queries both scored are compared with two paired, two-sided tests on the differences
+``b - a``: the Wilcoxon signed-rank test (``scipy.stats.wilcoxon``, zero differences dropped,
+as Wilcoxon's original method) and a paired randomization test (random sign flips of the
+differences, statistic = mean difference, ``scipy.stats.permutation_test``; exact when
+``2**n`` is at most the resample count). When every difference is zero both p-values are 1.0.
+p-values are not corrected for multiple comparisons.
+
+Plots are drawn with matplotlib's Agg canvas (no display, no global backend change) at a fixed
+size (:data:`METRICS_PLOT_SIZE`, :data:`DELTA_PLOT_SIZE`, in pixels).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+import re
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+import numpy as np
+
+from .evaluate import RetrieverEvaluation
+from .metrics import METRIC_NAMES
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .job import EvalJobResult
+
+logger = logging.getLogger(__name__)
+
+DPI = 100
+#: Pixel size (width, height) of ``metrics_vs_k.png``.
+METRICS_PLOT_SIZE = (1200, 800)
+#: Pixel size (width, height) of each ``delta_*.png``.
+DELTA_PLOT_SIZE = (1000, 450)
+PERMUTATION_RESAMPLES = 10_000
+METRIC_LABELS = {
+    "ndcg": "nDCG",
+    "recall": "Recall",
+    "precision": "Precision",
+    "mrr": "MRR",
+    "hit_rate": "Hit rate",
+    "map": "MAP",
+    "coverage": "Coverage",
+    "chars": "Chars",
+}
+
+
+# --------------------------------------------------------------------------------------------
+# Small helpers
+# --------------------------------------------------------------------------------------------
+
+
+def safe_name(name: str) -> str:
+    """``name`` usable in a file name: runs of other characters become ``_``."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "config"
+
+
+def main_k(ks: Sequence[int]) -> int:
+    """The cutoff headline metrics use: 10 when evaluated, else the largest k below 10, else the smallest."""
+    if 10 in ks:
+        return 10
+    below = [k for k in ks if k < 10]
+    return max(below) if below else min(ks)
+
+
+def compared_metrics(ks: Sequence[int]) -> list[str]:
+    """Metrics the significance tests compare: nDCG and MRR at :func:`main_k`, recall at max k."""
+    k = main_k(ks)
+    keys = [f"ndcg@{k}", f"mrr@{k}", f"recall@{max(ks)}"]
+    return list(dict.fromkeys(keys))
+
+
+def best_configs(evaluations: Mapping[str, RetrieverEvaluation], key: str) -> list[str]:
+    """Names of the configs with the highest mean ``key`` (ties within 1e-12 all count)."""
+    values = {name: ev.mean[key] for name, ev in evaluations.items() if key in ev.mean}
+    if not values:
+        return []
+    top = max(values.values())
+    return [name for name, value in values.items() if value >= top - 1e-12]
+
+
+# --------------------------------------------------------------------------------------------
+# Significance
+# --------------------------------------------------------------------------------------------
+
+
+def paired_tests(a: Sequence[float], b: Sequence[float], resamples: int = PERMUTATION_RESAMPLES, seed: int = 0) -> dict[str, Any]:
+    """Paired two-sided tests of ``b - a`` (see the module doc): mean difference and p-values."""
+    from scipy import stats
+
+    x = np.asarray(a, dtype=float)
+    y = np.asarray(b, dtype=float)
+    if x.shape != y.shape or x.ndim != 1:
+        raise ValueError(f"paired samples must be two 1-D lists of the same length, got {x.shape} and {y.shape}")
+    diff = y - x
+    n = int(diff.size)
+    result: dict[str, Any] = {
+        "n": n,
+        "mean_a": float(x.mean()) if n else 0.0,
+        "mean_b": float(y.mean()) if n else 0.0,
+        "mean_diff": float(diff.mean()) if n else 0.0,
+        "wins": int((diff > 0).sum()),
+        "losses": int((diff < 0).sum()),
+        "ties": int((diff == 0).sum()),
+        "wilcoxon_p": 1.0,
+        "permutation_p": 1.0,
+        "note": "",
+    }
+    nonzero = diff[diff != 0]
+    if n == 0 or nonzero.size == 0:
+        result["note"] = "all differences are zero" if n else "no paired queries"
+        return result
+    # Exact null distribution for small samples without tied |differences|, else the normal
+    # approximation with tie correction (scipy's "auto" would resample, which is slow).
+    exact = nonzero.size <= 50 and np.unique(np.abs(nonzero)).size == nonzero.size
+    wilcoxon = stats.wilcoxon(nonzero, zero_method="wilcox", alternative="two-sided", method="exact" if exact else "approx")
+    result["wilcoxon_p"] = float(wilcoxon.pvalue)
+    perm = stats.permutation_test(
+        (x, y),
+        lambda u, v, axis: np.mean(v - u, axis=axis),
+        permutation_type="samples",
+        vectorized=True,
+        n_resamples=resamples,
+        alternative="two-sided",
+        random_state=seed,
+    )
+    result["permutation_p"] = float(min(1.0, perm.pvalue))
+    if nonzero.size < 6:
+        result["note"] = f"only {nonzero.size} non-zero differences: little power"
+    return result
+
+
+def significance_tests(evaluations: Mapping[str, RetrieverEvaluation], metrics: Sequence[str]) -> list[dict[str, Any]]:
+    """Paired tests for every pair of configs (a before b, in the given order) and metric."""
+    names = list(evaluations)
+    rows: list[dict[str, Any]] = []
+    for i, name_a in enumerate(names):
+        for name_b in names[i + 1 :]:
+            ev_a, ev_b = evaluations[name_a], evaluations[name_b]
+            for key in metrics:
+                if key not in ev_a.mean or key not in ev_b.mean:
+                    continue
+                va, vb = ev_a.values(key), ev_b.values(key)
+                common = [qid for qid in va if qid in vb]
+                test = paired_tests([va[q] for q in common], [vb[q] for q in common])
+                rows.append({"a": name_a, "b": name_b, "metric": key, **test})
+    return rows
+
+
+# --------------------------------------------------------------------------------------------
+# Tables
+# --------------------------------------------------------------------------------------------
+
+
+def metric_keys(evaluation: RetrieverEvaluation) -> list[str]:
+    """The per-query metric columns of ``evaluation``, in report order."""
+    names = list(METRIC_NAMES) + (["coverage", "chars"] if evaluation.relevance == "text" else [])
+    return [f"{name}@{k}" for name in names for k in evaluation.ks if f"{name}@{k}" in evaluation.mean]
+
+
+def per_query_rows(evaluations: Mapping[str, RetrieverEvaluation]) -> list[dict[str, Any]]:
+    """One row per (config, query): flags, metric values (blank when not scored), retrieval facts."""
+    rows: list[dict[str, Any]] = []
+    for name, ev in evaluations.items():
+        keys = metric_keys(ev)
+        for qid, q in ev.per_query.items():
+            row: dict[str, Any] = {
+                "config": name,
+                "query_id": qid,
+                "answerable": q.answerable,
+                "scored": q.answerable and q.labelled,
+            }
+            row.update({key: q.metrics.get(key, "") for key in keys})
+            scores = [s for s in q.retrieval.scores if s is not None]
+            row["num_retrieved"] = len(q.retrieval.node_ids)
+            row["top_score"] = scores[0] if scores else ""
+            row["latency_ms"] = round(q.retrieval.latency_s * 1000.0, 3)
+            rows.append(row)
+    return rows
+
+
+def _fmt(value: Any, digits: int = 4) -> str:
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return str(value)
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _fmt_p(p: float) -> str:
+    return "<0.0001" if p < 1e-4 else f"{p:.4f}"
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A GitHub-flavoured Markdown table."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def comparison_table(evaluations: Mapping[str, RetrieverEvaluation], keys: Sequence[str], bold: Sequence[str]) -> str:
+    """Configs x metric means; the best value of each column in ``bold`` is bold."""
+    rows = []
+    for name, ev in evaluations.items():
+        row = [name]
+        for key in keys:
+            if key not in ev.mean:
+                row.append("-")
+                continue
+            cell = f"{ev.mean[key]:.0f}" if key.startswith("chars@") else _fmt(ev.mean[key])
+            row.append(f"**{cell}**" if key in bold and name in best_configs(evaluations, key) else cell)
+        rows.append(row)
+    return markdown_table(["config", *keys], rows)
+
+
+def summary_markdown(result: "EvalJobResult") -> str:
+    """summary.md: dataset, comparison tables, significance, timings, settings, plots."""
+    evaluations = result.evaluations
+    first = next(iter(evaluations.values()))
+    ks = first.ks
+    k = main_k(ks)
+    text = first.relevance == "text"
+    headline = [f"{m}@{k}" for m in METRIC_NAMES] + ([f"recall@{max(ks)}"] if max(ks) != k else [])
+    if text:
+        headline += [f"coverage@{k}", f"chars@{k}"]
+    bold_keys = [key for key in headline if not key.startswith("chars@")]
+
+    parts = [
+        f"# Retrieval evaluation: {result.dataset.name or result.dataset_path}",
+        "",
+        f"- dataset: `{result.dataset_path}` ({len(result.dataset)} queries; {first.num_scored} scored, "
+        f"{len(first.no_answer_ids)} no-answer, {len(first.unlabelled_ids)} without {first.relevance}-level labels)",
+        f"- documents: {result.num_documents} ({result.documents_source})",
+        f"- relevance: **{first.relevance}** ({_relevance_note(first.relevance)})",
+        f"- cutoffs k: {', '.join(map(str, ks))}; best value per column in **bold**",
+        "",
+        f"## Main metrics (k = {k})",
+        "",
+        comparison_table(evaluations, headline, bold_keys),
+        "",
+    ]
+    if text:
+        parts += [
+            "chars@k = characters in the top-k chunks: compare configurations at similar chars@k "
+            "(bigger chunks find more passages by holding more text). coverage@k = share of each reference "
+            "passage found in the top-k chunks (chunking-independent).",
+            "",
+        ]
+    for name in ("ndcg", "recall") + (("coverage", "chars") if text else ()):
+        keys = [f"{name}@{kk}" for kk in ks]
+        parts += [f"### {METRIC_LABELS[name]}@k", "", comparison_table(evaluations, keys, [] if name == "chars" else keys), ""]
+
+    parts += ["## Significance (paired, two-sided)", ""]
+    if result.significance:
+        rows = [
+            [
+                f"{row['b']} vs {row['a']}",
+                row["metric"],
+                f"{row['mean_diff']:+.4f}",
+                f"{row['wins']}/{row['ties']}/{row['losses']}",
+                _fmt_p(row["wilcoxon_p"]),
+                _fmt_p(row["permutation_p"]),
+                str(row["n"]),
+                row["note"],
+            ]
+            for row in result.significance
+        ]
+        parts += [
+            markdown_table(["pair (b vs a)", "metric", "mean b - a", "wins/ties/losses", "Wilcoxon p", "randomization p", "n", "note"], rows),
+            "",
+            f"Wilcoxon signed-rank test (zero differences dropped) and paired randomization test "
+            f"({PERMUTATION_RESAMPLES} sign flips, seed 0) on per-query values; not corrected for multiple comparisons.",
+            "",
+        ]
+    else:
+        parts += ["(one configuration: nothing to compare)", ""]
+
+    parts += ["## Timings", ""]
+    rows = []
+    for name, ev in evaluations.items():
+        t = result.timings["configs"][name]
+        shared = [c for c in t["index_shared_with"] if c != name]
+        rows.append(
+            [
+                name,
+                f"{t['chunk_s']:.2f}",
+                f"{t['index_s']:.2f}" + (f" (shared with {', '.join(shared)})" if shared else ""),
+                str(t["embedded"]) + (" (reused)" if t["index_reused"] else ""),
+                f"{t['retrieve_s']:.2f}",
+                f"{ev.latency['p50_ms']:.1f}",
+                f"{ev.latency['p95_ms']:.1f}",
+                f"{t['score_s']:.2f}",
+                str(result.depths[name]),
+            ]
+        )
+    parts += [
+        f"Reading the dataset and documents: {result.timings['read_s']:.2f} s.",
+        "",
+        markdown_table(
+            ["config", "chunk s", "index s", "texts embedded", "retrieve s", "p50 ms/query", "p95 ms/query", "score s", "top_k"],
+            rows,
+        ),
+        "",
+        "Chunking and index builds are shared by configurations with the same chunking (and embedding model and "
+        "BM25 settings); top_k = chunks retrieved per query.",
+        "",
+        "## Configurations",
+        "",
+    ]
+    for config in result.configs:
+        parts.append(f"- **{config.name}**: `{json.dumps(config.to_dict(), default=str)}`")
+    plots = [p for key, p in result.files.items() if key.startswith("plot")]
+    if plots:
+        parts += ["", "## Plots", ""]
+        parts += [f"![{p.stem}]({p.name})" for p in plots]
+    return "\n".join(parts) + "\n"
+
+
+def _relevance_note(mode: str) -> str:
+    return {
+        "doc": "chunks mapped to their documents, max-score aggregation; k counts documents",
+        "node": "node ids against node-level labels; k counts chunks",
+        "text": "a chunk is relevant when it holds a reference passage; k counts chunks",
+    }[mode]
+
+
+# --------------------------------------------------------------------------------------------
+# Plots
+# --------------------------------------------------------------------------------------------
+
+
+def _figure(size_px: tuple[int, int]) -> Any:
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(size_px[0] / DPI, size_px[1] / DPI), dpi=DPI)
+
+
+def _save(fig: Any, path: Path) -> Path:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig)
+    fig.savefig(path, dpi=DPI, format="png")
+    return path
+
+
+def plot_metrics_vs_k(evaluations: Mapping[str, RetrieverEvaluation], path: str | Path) -> Path:
+    """One panel per metric: mean value against k, one line per configuration."""
+    first = next(iter(evaluations.values()))
+    names = list(METRIC_NAMES) + (["coverage"] if first.relevance == "text" else [])
+    fig = _figure(METRICS_PLOT_SIZE)
+    columns = 4 if len(names) > 6 else 3
+    rows = math.ceil(len(names) / columns)
+    axes = fig.subplots(rows, columns, squeeze=False)
+    for position, name in enumerate(names):
+        ax = axes[position // columns][position % columns]
+        for config, ev in evaluations.items():
+            ks = [k for k in ev.ks if f"{name}@{k}" in ev.mean]
+            ax.plot(ks, [ev.mean[f"{name}@{k}"] for k in ks], marker="o", label=config)
+        if max(first.ks) / min(first.ks) >= 10:
+            ax.set_xscale("log")
+        ax.set_xticks(list(first.ks))
+        ax.set_xticklabels([str(k) for k in first.ks])
+        ax.set_title(f"{METRIC_LABELS[name]}@k")
+        ax.set_xlabel("k")
+        ax.set_ylim(0.0, 1.02)
+        ax.grid(True, alpha=0.3)
+    for position in range(len(names), rows * columns):
+        axes[position // columns][position % columns].set_visible(False)
+    axes[0][0].legend(fontsize="small")
+    fig.suptitle(f"{first.dataset_name}: metrics vs k ({first.relevance}-level relevance, {first.num_scored} queries)")
+    fig.subplots_adjust(left=0.05, right=0.98, bottom=0.07, top=0.9, wspace=0.25, hspace=0.4)
+    return _save(fig, Path(path))
+
+
+def plot_deltas(base: RetrieverEvaluation, other: RetrieverEvaluation, key: str, labels: tuple[str, str], path: str | Path) -> Path:
+    """Per-query ``other - base`` of ``key``, sorted, as bars (green: better, red: worse)."""
+    va, vb = base.values(key), other.values(key)
+    common = [qid for qid in va if qid in vb]
+    deltas = np.sort(np.asarray([vb[q] - va[q] for q in common], dtype=float))[::-1]
+    fig = _figure(DELTA_PLOT_SIZE)
+    ax = fig.subplots()
+    colors = ["#2a9d8f" if d > 0 else "#e76f51" if d < 0 else "#999999" for d in deltas]
+    ax.bar(np.arange(len(deltas)), deltas, width=1.0, color=colors)
+    ax.axhline(0.0, color="black", linewidth=0.8)
+    wins, losses = int((deltas > 0).sum()), int((deltas < 0).sum())
+    mean = float(deltas.mean()) if len(deltas) else 0.0
+    ax.set_title(
+        f"{key}: {labels[1]} - {labels[0]} per query (mean {mean:+.4f}; "
+        f"{wins} better, {len(deltas) - wins - losses} same, {losses} worse)"
+    )
+    ax.set_xlabel("queries, sorted by difference")
+    ax.set_ylabel(f"delta {key}")
+    ax.set_ylim(-1.05, 1.05)
+    fig.subplots_adjust(left=0.08, right=0.98, bottom=0.12, top=0.9)
+    return _save(fig, Path(path))
+
+
+# --------------------------------------------------------------------------------------------
+# Files
+# --------------------------------------------------------------------------------------------
+
+
+def metrics_document(result: "EvalJobResult") -> dict[str, Any]:
+    """The content of metrics.json."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def _version(name: str) -> str | None:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return None
+
+    first = next(iter(result.evaluations.values()))
+    keys = metric_keys(first)
+    configs = []
+    for config in result.configs:
+        ev = result.evaluations[config.name]
+        configs.append(
+            {
+                "name": config.name,
+                "settings": config.to_dict(),
+                "top_k": result.depths[config.name],
+                "mean": ev.mean,
+                "latency": ev.latency,
+                "timings": result.timings["configs"][config.name],
+                "num_scored": ev.num_scored,
+            }
+        )
+    return {
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "versions": {
+            "llama-index-retrieval-kit": _version("llama-index-retrieval-kit"),
+            "llama-index-core": _version("llama-index-core"),
+        },
+        "dataset": {
+            "path": result.dataset_path,
+            "name": result.dataset.name,
+            "num_queries": len(result.dataset),
+            "num_scored": first.num_scored,
+            "no_answer_ids": list(first.no_answer_ids),
+            "unlabelled_ids": list(first.unlabelled_ids),
+            "relevance": first.relevance,
+            "ks": list(first.ks),
+        },
+        "documents": {"count": result.num_documents, "source": result.documents_source},
+        "configs": configs,
+        "best": {key: best_configs(result.evaluations, key) for key in keys if not key.startswith("chars@")},
+        "significance": result.significance,
+        "builds": [build.to_dict() for build in result.builds],
+        "timings": result.timings,
+        "files": {key: str(path.relative_to(result.out_dir)) for key, path in result.files.items()},
+    }
+
+
+def write_metrics_json(result: "EvalJobResult") -> Path:
+    """Write ``metrics.json`` into the report folder."""
+    path = result.out_dir / "metrics.json"
+    path.write_text(json.dumps(metrics_document(result), indent=2, default=str), encoding="utf-8")
+    result.files["metrics"] = path
+    return path
+
+
+def write_per_query_csv(evaluations: Mapping[str, RetrieverEvaluation], path: str | Path) -> Path:
+    """Write ``per_query.csv`` (see :func:`per_query_rows`)."""
+    rows = per_query_rows(evaluations)
+    columns: list[str] = []
+    for row in rows:
+        columns.extend(key for key in row if key not in columns)
+    out = Path(path)
+    with out.open("w", encoding="utf-8", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=columns, restval="")
+        writer.writeheader()
+        writer.writerows(rows)
+    return out
+
+
+def write_runs(evaluations: Mapping[str, RetrieverEvaluation], folder: str | Path) -> dict[str, Path]:
+    """``runs/<config>.jsonl``: per query the retrieved node ids, scores, doc ids and scored ranking."""
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    paths: dict[str, Path] = {}
+    for name, ev in evaluations.items():
+        path = out / f"{safe_name(name)}.jsonl"
+        with path.open("w", encoding="utf-8") as handle:
+            for qid, q in ev.per_query.items():
+                record = {**q.retrieval.to_dict(), "answerable": q.answerable, "ranking": list(q.ranking)}
+                record["query_id"] = qid
+                handle.write(json.dumps(record) + "\n")
+        paths[name] = path
+    return paths
+
+
+def write_report(result: "EvalJobResult") -> dict[str, Path]:
+    """Write every report file into ``result.out_dir``; fills ``result.significance``/``files``.
+
+    Delta plots and run files left there by an earlier run are removed first, so the folder
+    describes this run only (indexes/ is kept for reuse).
+    """
+    out = result.out_dir
+    out.mkdir(parents=True, exist_ok=True)
+    evaluations = result.evaluations
+    first = next(iter(evaluations.values()))
+    result.significance = significance_tests(evaluations, compared_metrics(first.ks))
+
+    for stale in [*out.glob("delta_*.png"), *out.glob("runs/*.jsonl")]:  # from an earlier run of other configs
+        stale.unlink()
+    files: dict[str, Path] = {}
+    files["per_query"] = write_per_query_csv(evaluations, out / "per_query.csv")
+    for name, path in write_runs(evaluations, out / "runs").items():
+        files[f"run:{name}"] = path
+    files["plot:metrics_vs_k"] = plot_metrics_vs_k(evaluations, out / "metrics_vs_k.png")
+    names = list(evaluations)
+    key = f"ndcg@{main_k(first.ks)}"
+    for other in names[1:]:
+        path = out / f"delta_{safe_name(key)}_{safe_name(other)}_vs_{safe_name(names[0])}.png"
+        files[f"plot:delta:{other}"] = plot_deltas(evaluations[names[0]], evaluations[other], key, (names[0], other), path)
+    result.files.update(files)
+    summary = out / "summary.md"
+    result.files["summary"] = summary
+    summary.write_text(summary_markdown(result), encoding="utf-8")
+    write_metrics_json(result)
+    logger.info("report written to %s", out)
+    return dict(result.files)

@@ -1,0 +1,341 @@
+"""The evaluation job end to end on the bundled questions: report folder, reuse, configs, errors, CLI."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import gzip
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from llama_index_retrieval_kit.evaluation import ConfigError, EvalConfig, load_config_file, resolve_config, run_eval
+from llama_index_retrieval_kit.evaluation.cli_eval import add_eval_subparser, cmd_eval, parse_ks
+from llama_index_retrieval_kit.evaluation.configs import RETRIEVERS
+from llama_index_retrieval_kit.evaluation.job import fill_depth, merge_embedding_cache
+from llama_index_retrieval_kit.evaluation.report import DELTA_PLOT_SIZE, METRICS_PLOT_SIZE
+from llama_index_retrieval_kit.samples import QUESTIONS_FILE, sample_files
+
+from ..indices._support import embed_model as shared_embed_model
+
+YAML_CONFIG = """\
+name: bm25-small-chunks
+retriever: bm25
+node_parser:
+  class: SectionWindowNodeParser
+  chunk_size: 96
+  chunk_overlap: 16
+bm25: {k1: 0.9, b: 0.4}
+"""
+HYBRID_YAML = """\
+name: hybrid-score-dense-heavy
+retriever: hybrid_score
+weights: [0.3, 0.7]
+node_parser:
+  class: SectionWindowNodeParser
+  chunk_size: 200
+  chunk_overlap: 40
+"""
+CONFIG_NAMES = ["bm25", "hybrid", "bm25-small-chunks"]
+
+
+@pytest.fixture(scope="module")
+def yaml_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("configs") / "heavy.yaml"
+    path.write_text(YAML_CONFIG, encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """One intra-op thread while this module embeds: one-query batches gain nothing from more,
+    and on a busy shared CPU torch's thread pool makes them ~10x slower."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory, yaml_config: Path):
+    out = tmp_path_factory.mktemp("eval") / "report"
+    return run_eval(QUESTIONS_FILE, ["bm25", "hybrid", yaml_config], out, embed_model=shared_embed_model(), show_progress=False)
+
+
+def test_configs_with_the_same_chunking_share_one_index_build(job) -> None:
+    assert list(job.evaluations) == CONFIG_NAMES
+    assert len(job.builds) == 1
+    build = job.builds[0]
+    assert build.kind == "HybridIndex" and build.configs == ["bm25", "hybrid"]
+    assert build.embedded == build.chunks > 0 and not build.reused
+    assert Path(build.path, "embeddings.sqlite").exists()
+    for name in ("bm25", "hybrid"):
+        assert job.timings["configs"][name]["index_shared_with"] == ["bm25", "hybrid"]
+    # The YAML config chunks differently and has no dense leg: its own BM25, nothing embedded.
+    assert job.timings["configs"]["bm25-small-chunks"]["embedded"] == 0
+    assert job.timings["configs"]["bm25-small-chunks"]["chunk_s"] != job.timings["configs"]["bm25"]["chunk_s"]
+    # Text relevance: max(ks) = 100 chunks, or all of them when there are fewer.
+    chunk_counts = [stage["chunks"] for stage in job.timings["stages"] if stage["stage"] == "chunk"]
+    assert chunk_counts[0] == job.builds[0].chunks < chunk_counts[1] < 100
+    assert job.depths == {"bm25": chunk_counts[0], "hybrid": chunk_counts[0], "bm25-small-chunks": chunk_counts[1]}
+    small, default = job.evaluations["bm25-small-chunks"], job.evaluations["bm25"]
+    assert small.mean["chars@10"] < default.mean["chars@10"]  # smaller chunks: less text per k
+    stages = {stage["stage"] for stage in job.timings["stages"]}
+    assert stages == {"read", "chunk", "index", "retrieve", "score"}
+
+
+def test_metrics_json_holds_every_config_setting_and_timing(job) -> None:
+    data = json.loads((job.out_dir / "metrics.json").read_text(encoding="utf-8"))
+    assert data["dataset"]["relevance"] == "text" and data["dataset"]["num_scored"] == 30
+    assert len(data["dataset"]["no_answer_ids"]) == 8
+    assert [c["name"] for c in data["configs"]] == CONFIG_NAMES
+    small = data["configs"][2]
+    assert small["settings"]["retriever"] == "bm25" and small["settings"]["bm25"] == {"k1": 0.9, "b": 0.4}
+    assert small["settings"]["node_parser"] == {"class": "SectionWindowNodeParser", "chunk_size": 96, "chunk_overlap": 16}
+    for config in data["configs"]:
+        assert config["mean"] == pytest.approx(job.evaluations[config["name"]].mean)
+        assert set(config["latency"]) == {"p50_ms", "p95_ms", "mean_ms", "total_s"}
+        assert {"chunk_s", "index_s", "retrieve_s", "score_s"} <= set(config["timings"])
+    assert data["best"]["ndcg@10"] and set(data["best"]["ndcg@10"]) <= set(CONFIG_NAMES)
+    assert {(row["a"], row["b"]) for row in data["significance"]} == {
+        ("bm25", "hybrid"), ("bm25", "bm25-small-chunks"), ("hybrid", "bm25-small-chunks")
+    }
+    for row in data["significance"]:
+        assert 0.0 <= row["wilcoxon_p"] <= 1.0 and 0.0 <= row["permutation_p"] <= 1.0
+    assert data["timings"]["total_s"] > 0 and data["timings"]["read_s"] >= 0
+
+
+def test_per_query_csv_has_every_query_of_every_config(job) -> None:
+    with (job.out_dir / "per_query.csv").open(encoding="utf-8", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == 3 * 38
+    assert {"config", "query_id", "answerable", "ndcg@10", "recall@100", "coverage@10", "chars@10", "latency_ms"} <= set(rows[0])
+    no_answer = [r for r in rows if r["answerable"] == "False"]
+    assert len(no_answer) == 3 * 8
+    assert all(r["ndcg@10"] == "" and r["chars@10"] != "" for r in no_answer)
+    hybrid = [float(r["ndcg@10"]) for r in rows if r["config"] == "hybrid" and r["answerable"] == "True"]
+    assert sum(hybrid) / len(hybrid) == pytest.approx(job.evaluations["hybrid"].mean["ndcg@10"])
+    run_lines = (job.out_dir / "runs" / "hybrid.jsonl").read_text(encoding="utf-8").splitlines()
+    record = json.loads(run_lines[0])
+    assert len(run_lines) == 38 and record["node_ids"] and len(record["scores"]) == len(record["node_ids"])
+
+
+def test_summary_md_compares_configs_with_the_best_in_bold(job) -> None:
+    text = (job.out_dir / "summary.md").read_text(encoding="utf-8")
+    assert "| config | ndcg@10 |" in text and "chars@10" in text and "coverage@10" in text
+    for name in CONFIG_NAMES:
+        assert f"| {name} |" in text
+    assert "**" in text.split("## Main metrics")[1].split("###")[0]
+    assert "## Significance" in text and "Wilcoxon" in text and "## Timings" in text
+    assert "![metrics_vs_k](metrics_vs_k.png)" in text
+
+
+def test_plots_are_valid_pngs_of_the_expected_size(job) -> None:
+    import matplotlib.image as mpimg
+
+    plots = sorted(job.out_dir.glob("*.png"))
+    assert [p.name for p in plots] == [
+        "delta_ndcg_10_bm25-small-chunks_vs_bm25.png",
+        "delta_ndcg_10_hybrid_vs_bm25.png",
+        "metrics_vs_k.png",
+    ]
+    for path in plots:
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        height, width = mpimg.imread(path).shape[:2]
+        expected = METRICS_PLOT_SIZE if path.name == "metrics_vs_k.png" else DELTA_PLOT_SIZE
+        assert (width, height) == expected
+
+
+def test_a_second_run_with_unchanged_inputs_embeds_nothing(job, yaml_config: Path) -> None:
+    cache = Path(job.builds[0].path) / "embeddings.sqlite"
+    rows_before = sqlite3.connect(str(cache)).execute("SELECT COUNT(*) FROM vectors").fetchone()[0]
+    again = run_eval(
+        QUESTIONS_FILE, ["bm25", "hybrid", yaml_config], job.out_dir, embed_model=shared_embed_model(), limit_queries=5, show_progress=False
+    )
+    assert again.builds[0].reused and again.builds[0].embedded == 0
+    assert sqlite3.connect(str(cache)).execute("SELECT COUNT(*) FROM vectors").fetchone()[0] == rows_before
+    assert len(again.dataset) == 5
+    for name in CONFIG_NAMES:  # same index, same retrievers: the same results for those queries
+        for qid in again.dataset.queries:
+            assert again.evaluations[name].per_query[qid].retrieval.node_ids == job.evaluations[name].per_query[qid].retrieval.node_ids
+
+
+def write_beir(folder: Path) -> Path:
+    """A tiny BEIR folder: 6 documents, 3 judged queries (one judgment 0 only: skipped)."""
+    folder.mkdir(parents=True)
+    corpus = [
+        {"_id": "d1", "title": "Annual fee", "text": "The annual fee for the card is ninety five dollars."},
+        {"_id": "d2", "title": "Late fee", "text": "A late payment fee of forty dollars applies after the due date."},
+        {"_id": "d3", "title": "Filters", "text": "Replace the water filter cartridge every six months."},
+        {"_id": "d4", "title": "Privacy", "text": "We never sell your personal data to advertisers."},
+        {"_id": "d5", "title": "", "text": "Cash advances cost five percent of the amount, at least ten dollars."},
+        {"_id": "d6", "title": "Warranty", "text": "The kettle has a two year limited warranty."},
+    ]
+    queries = [{"_id": "q1", "text": "late payment fee"}, {"_id": "q2", "text": "how often replace filter cartridge"},
+               {"_id": "q3", "text": "kettle warranty"}]
+    with gzip.open(folder / "corpus.jsonl.gz", "wt", encoding="utf-8") as fh:
+        fh.write("\n".join(json.dumps(d) for d in corpus) + "\n")
+    with gzip.open(folder / "queries.jsonl.gz", "wt", encoding="utf-8") as fh:
+        fh.write("\n".join(json.dumps(q) for q in queries) + "\n")
+    (folder / "qrels_test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td2\t1\nq2\td3\t1\nq3\td6\t0\n", encoding="utf-8")
+    return folder
+
+
+def test_a_beir_folder_is_scored_at_document_level(tmp_path: Path) -> None:
+    folder = write_beir(tmp_path / "tiny")
+    result = run_eval(folder, ["bm25", "llamaindex-bm25"], tmp_path / "out", ks=(1, 3), show_progress=False)
+    assert result.relevance == "doc" and result.num_documents == 6
+    for name, ev in result.evaluations.items():
+        assert ev.num_scored == 2, name  # q3 has no relevant doc
+        assert ev.mean["hit_rate@1"] == 1.0 and ev.mean["ndcg@3"] == 1.0
+        assert result.depths[name] == 3  # one chunk per document: 3 chunks fill 3 documents
+    assert not result.builds  # keyword retrievers only: nothing embedded
+    assert (tmp_path / "out" / "metrics_vs_k.png").exists()
+
+
+def test_fill_depth_is_enough_for_the_worst_case() -> None:
+    assert fill_depth([1, 1, 1], 2) == 2
+    assert fill_depth([5, 3, 1, 1], 2) == 6  # the top 5 chunks may all be one document's
+    assert fill_depth([5, 3, 1, 1], 3) == 9
+    assert fill_depth([2, 2], 5) == 4  # fewer documents than asked: all chunks
+    with pytest.raises(ValueError):
+        fill_depth([1], 0)
+
+
+# ------------------------------------------------------------------------------------- configs
+
+
+def test_builtin_names_resolve_and_unknown_names_list_the_allowed_ones() -> None:
+    assert resolve_config("hybrid").retriever == "hybrid"
+    assert resolve_config("llamaindex-bm25").node_parser == "SentenceSplitter"
+    assert resolve_config("dense").node_parser == "SectionWindowNodeParser"
+    with pytest.raises(ConfigError, match="unknown configuration 'hybird'.*'bm25', 'dense'"):
+        resolve_config("hybird")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("retriever: hybrid\nrrf: 60\n", r"key 'rrf': unknown key; allowed keys: \['name', 'retriever'"),
+        ("retriever: hybrd\n", r"key 'retriever': unknown retriever 'hybrd'; choose one of \['bm25'"),
+        ("name: x\n", r"key 'retriever': missing"),
+        ("retriever: bm25\nrrf_k: 10\n", r"key 'rrf_k': does not apply to retriever 'bm25'"),
+        ("retriever: hybrid\nnode_parser:\n  class: SentenceSplitter\n  chunk_sise: 10\n",
+         r"key 'node_parser.chunk_sise': SentenceSplitter has no argument 'chunk_sise'; allowed: \[.*'chunk_size'"),
+        ("retriever: hybrid\nnode_parser:\n  class: Splitter\n", r"key 'node_parser.class': unknown class 'Splitter'"),
+        ("retriever: dense\nnode_parser:\n  chunk_size: -5\n", r"key 'node_parser': invalid arguments for SectionWindowNodeParser"),
+        ("retriever: hybrid\nweights: [1, 2, 3]\n", r"key 'weights': must be a list of 2 numbers"),
+        ("retriever: bm25\nbm25: {k1: 1.2, b: 2}\n", r"key 'bm25.b': must be a number in \[0, 1\]"),
+        ("retriever: bm25\nsimilarity_top_k: 0\n", r"key 'similarity_top_k': must be an integer >= 1"),
+        ("retriever: qdrant_hybrid\nrrf_k: 60.5\n", r"key 'rrf_k': must be a whole number for qdrant_hybrid"),
+        ("retriever: hybrid\n  weights: x\n", r"not valid YAML \(line 2, column 10\): mapping values are not allowed"),
+        ("", r"the file is empty"),
+    ],
+)
+def test_yaml_errors_name_the_key_and_the_allowed_values(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(ConfigError, match=message):
+        load_config_file(path)
+
+
+def test_a_yaml_config_becomes_a_typed_config(tmp_path: Path) -> None:
+    path = tmp_path / "heavy.yaml"
+    path.write_text(HYBRID_YAML, encoding="utf-8")
+    config = load_config_file(path)
+    assert isinstance(config, EvalConfig)
+    assert (config.name, config.retriever, config.weights) == ("hybrid-score-dense-heavy", "hybrid_score", (0.3, 0.7))
+    assert config.parser_args == {"chunk_size": 200, "chunk_overlap": 40}
+    assert config.chunking_key() == resolve_config("hybrid").chunking_key()  # the defaults, given explicitly
+    assert config.chunking_key() != resolve_config("llamaindex-bm25").chunking_key()
+    assert config.make_parser().chunk_size == 200
+    assert set(RETRIEVERS) == {"bm25", "dense", "hybrid", "hybrid_score", "qdrant_hybrid", "llamaindex-bm25", "llamaindex-dense"}
+
+
+# -------------------------------------------------------------------------------------- errors
+
+
+def test_bad_datasets_and_arguments_say_what_to_do(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="does not exist: give a BEIR folder"):
+        run_eval(tmp_path / "missing", ["bm25"], tmp_path / "out", show_progress=False)
+    (tmp_path / "empty_beir").mkdir()
+    with pytest.raises(ValueError, match="no judgments for split 'test'"):
+        run_eval(tmp_path / "empty_beir", ["bm25"], tmp_path / "out", show_progress=False)
+    own = tmp_path / "own.jsonl"
+    own.write_text(QUESTIONS_FILE.read_text(encoding="utf-8"), encoding="utf-8")
+    with pytest.raises(ValueError, match="pass the files or folders the questions are about with --docs"):
+        run_eval(own, ["bm25"], tmp_path / "out", show_progress=False)
+    with pytest.raises(ValueError, match=r"--docs path\(s\) not found"):
+        run_eval(own, ["bm25"], tmp_path / "out", docs=[tmp_path / "nope"], show_progress=False)
+    with pytest.raises(ConfigError, match=r"given twice"):
+        run_eval(QUESTIONS_FILE, ["bm25", "bm25"], tmp_path / "out", show_progress=False)
+    with pytest.raises(ValueError, match="no configuration given"):
+        run_eval(QUESTIONS_FILE, [], tmp_path / "out", show_progress=False)
+    with pytest.raises(ValueError, match="embedding cache .* not found"):
+        run_eval(QUESTIONS_FILE, ["bm25"], tmp_path / "out", embedding_cache=tmp_path / "none.sqlite", show_progress=False)
+    assert not (tmp_path / "out").exists()  # nothing written before the inputs are valid
+
+
+def test_merge_embedding_cache_copies_missing_vectors_and_rejects_other_files(tmp_path: Path) -> None:
+    import numpy as np
+
+    from llama_index_retrieval_kit.indices import EmbeddingCache
+
+    source = EmbeddingCache(tmp_path / "a.sqlite")
+    source.put_many("m", [("k1", np.ones(3, dtype=np.float32)), ("k2", np.zeros(3, dtype=np.float32))])
+    source.close()
+    target = EmbeddingCache(tmp_path / "b.sqlite")
+    target.put_many("m", [("k1", np.ones(3, dtype=np.float32))])
+    target.close()
+    assert merge_embedding_cache(tmp_path / "a.sqlite", tmp_path / "b.sqlite") == 1
+    assert merge_embedding_cache(tmp_path / "a.sqlite", tmp_path / "b.sqlite") == 0
+    (tmp_path / "c.sqlite").write_text("not a database", encoding="utf-8")
+    with pytest.raises(ValueError, match="not an embedding cache"):
+        merge_embedding_cache(tmp_path / "c.sqlite", tmp_path / "b.sqlite")
+
+
+# ------------------------------------------------------------------------------------------ CLI
+
+
+def eval_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rkit")
+    parser.add_argument("-q", "--quiet", action="store_true")
+    add_eval_subparser(parser.add_subparsers(dest="command", required=True))
+    return parser
+
+
+def test_cli_eval_runs_the_job_and_prints_the_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = eval_parser().parse_args(
+        ["-q", "eval", "--dataset", str(QUESTIONS_FILE), "--config", "bm25", "--out", str(tmp_path / "cli"),
+         "--docs", *map(str, sample_files()), "--ks", "1,5", "--limit-queries", "6"]
+    )
+    assert args.func is cmd_eval and args.ks == (1, 5)
+    assert cmd_eval(args) == 0
+    out = capsys.readouterr().out
+    assert "ndcg@5" in out and "coverage@5" in out and "bm25" in out and "summary.md" in out
+    assert (tmp_path / "cli" / "summary.md").exists()
+
+
+def test_cli_rejects_bad_ks(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        eval_parser().parse_args(["eval", "--dataset", "x", "--config", "bm25", "--out", "o", "--ks", "1,ten"])
+    assert "--ks must be comma-separated integers" in capsys.readouterr().err
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_ks("0,5")
+
+
+def test_rkit_eval_when_wired_into_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from llama_index_retrieval_kit import cli
+
+    try:
+        cli.build_parser().parse_args(["eval", "--help"])
+    except SystemExit:
+        pass
+    if "--dataset" not in capsys.readouterr().out:
+        pytest.skip("rkit eval is not wired into cli.py yet")
+    code = cli.main(["-q", "eval", "--dataset", str(tmp_path / "missing"), "--config", "bm25", "--out", str(tmp_path / "o")])
+    assert code == 2 and "does not exist" in capsys.readouterr().err
