@@ -133,6 +133,7 @@ class BM25TokenizerConfig(BaseModel):
 
 
 _thread_local = threading.local()
+_STEM_CACHE_MAX = 1_000_000
 
 
 def _stemmer(language: str) -> Any:
@@ -150,6 +151,24 @@ def build_tokenizer(config: BM25TokenizerConfig) -> Callable[[str], List[str]]:
     stopwords = frozenset(_STOPWORDS[words] if isinstance(words, str) else (words or ()))
     custom = config.custom_tokenizer
     language = config.stemmer_language
+    stems: Dict[str, str] = {}  # word -> stem; a vocabulary-sized cache shared by this tokenizer
+
+    def stem(tokens: List[str]) -> List[str]:
+        known: Dict[str, str] = {}
+        missing = []
+        for t in set(tokens):
+            cached = stems.get(t)
+            if cached is None:
+                missing.append(t)
+            else:
+                known[t] = cached
+        if missing:
+            new = dict(zip(missing, _stemmer(language).stemWords(missing)))
+            if len(stems) > _STEM_CACHE_MAX:
+                stems.clear()
+            stems.update(new)
+            known.update(new)
+        return [known[t] for t in tokens]
 
     def tokenize(text: str) -> List[str]:
         if config.lowercase:
@@ -162,7 +181,7 @@ def build_tokenizer(config: BM25TokenizerConfig) -> Callable[[str], List[str]]:
             tokens = [m.group(0) for m in pattern.finditer(text)]
         tokens = [t for t in tokens if t and t not in stopwords]
         if language is not None:
-            tokens = [t for t in _stemmer(language).stemWords(tokens) if t]
+            tokens = [t for t in stem(tokens) if t]
         return tokens
 
     return tokenize
