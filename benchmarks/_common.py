@@ -28,6 +28,11 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# numpy's OpenBLAS threads (used by Qdrant local mode's cosine search) spin after each call and
+# take the CPU from torch's OpenMP threads: on 2 cores that doubled the query embedding time
+# (about 22 -> 50 ms). One BLAS thread for numpy; torch keeps its own threads. Override by
+# exporting OPENBLAS_NUM_THREADS before running.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
 

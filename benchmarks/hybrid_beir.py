@@ -718,6 +718,7 @@ def run_benchmark(args: argparse.Namespace) -> List[Dict[str, Any]]:
     if args.params:
         params.update(json.loads(args.params))
     t_start = time.perf_counter()
+    load_start = os.getloadavg()
     corpus = C.read_corpus(folder)
     if args.limit_docs:  # smoke tests only: metrics are meaningless on a partial corpus
         corpus = dict(list(corpus.items())[: args.limit_docs])
@@ -845,6 +846,8 @@ def run_benchmark(args: argparse.Namespace) -> List[Dict[str, Any]]:
         "machine": platform.machine(),
         "cpus": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
+        "openblas_num_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
+        "load_avg_start": load_start,
         "load_avg_end": os.getloadavg(),
         "wall_s": time.perf_counter() - t_start,
         "our_params": params,
