@@ -57,28 +57,28 @@ logger = logging.getLogger("hybrid_beir")
 
 # Parameters of our rows, chosen with --tune on non-test splits (see docs/benchmarks.md).
 TUNED: Dict[str, Dict[str, Any]] = {
-    # --tune --chunking whole --chunking 200/40, selected on SciFact train (809 queries):
-    # one node per abstract beat 200/40-token windows for every hybrid (0.732 vs 0.730), BM25 = the
-    # package defaults; train nDCG@10: BM25 0.6966, dense 0.6602, RRF 0.7318, score fusion 0.7319.
+    # `--tune --chunking whole --chunking 200/40`, then `--tune --chunking whole` (leg depths 130/200/300),
+    # selected on SciFact train (809 queries) by `select()`: one node per abstract beat 200/40-token
+    # windows for every hybrid (best 0.7319 vs 0.7303 at depth 130); BM25 = the package defaults.
+    # Train nDCG@10: BM25 0.6966, dense 0.6602, RRF 0.7322, score fusion 0.7339.
     "scifact": {
         "chunk_size": 100_000,
         "chunk_overlap": 0,
         "bm25": {"k1": 1.2, "b": 0.75, "stopwords": "en", "stemmer_language": "english"},
-        "rrf": {"rrf_k": 1, "weights": [0.5, 0.5], "candidate_top_k": 130},
-        "score": {"weights": [0.5, 0.5], "candidate_top_k": 130},
-        "qdrant": {"rrf_k": 1, "candidate_top_k": 130},
+        "rrf": {"rrf_k": 1, "weights": [0.5, 0.5], "candidate_top_k": 300},
+        "score": {"weights": [0.6, 0.4], "candidate_top_k": 300},
+        "qdrant": {"rrf_k": 1, "candidate_top_k": 300},
         "tuned_on": "train",
     },
-    # Same search, selected on NFCorpus dev (324 queries), train (2,590) only reported:
-    # dev nDCG@10: BM25 0.2947, dense 0.3027, RRF 0.3325, score fusion 0.3333
-    # (train: BM25 0.3234, RRF 0.3457, score fusion 0.3521).
+    # Same search, selected on NFCorpus dev (324 queries); train (2,590) only reported.
+    # Dev nDCG@10: BM25 0.2947, dense 0.3027, RRF 0.3330, score fusion 0.3337 (whole) vs 0.3274 (200/40).
     "nfcorpus": {
         "chunk_size": 100_000,
         "chunk_overlap": 0,
         "bm25": {"k1": 1.5, "b": 0.5, "stopwords": "en_plus", "stemmer_language": "english"},
-        "rrf": {"rrf_k": 60, "weights": [0.6, 0.4], "candidate_top_k": 130},
-        "score": {"weights": [0.5, 0.5], "candidate_top_k": 130},
-        "qdrant": {"rrf_k": 20, "candidate_top_k": 130},
+        "rrf": {"rrf_k": 20, "weights": [0.5, 0.5], "candidate_top_k": 300},
+        "score": {"weights": [0.5, 0.5], "candidate_top_k": 300},
+        "qdrant": {"rrf_k": 20, "candidate_top_k": 300},
         "tuned_on": "dev",
     },
 }
@@ -275,7 +275,9 @@ def tune(folder: Path, chunkings: Sequence[Tuple[int, int]], out: Path, splits: 
         table = build_chunk_table(corpus, size, overlap)
         cpd = len(table.nodes) / len(table.doc_ids)
         depths = sorted({fill_depth(cpd), fill_depth(cpd) + 100}) if (size, overlap) != WHOLE else [fill_depth(cpd)]
-        maxd = max(depths)
+        # (fused output depth, leg depth): deeper legs only where one node is one document
+        pairs = [(d, d) for d in depths] if (size, overlap) != WHOLE else [(depths[0], ld) for ld in sorted({depths[0], 200, 300})]
+        maxd = max(ld for _, ld in pairs)
         print(f"[tune {folder.name}] chunking {table.label}: {len(table.nodes)} chunks ({cpd:.2f}/doc), depths {depths} "
               f"({time.perf_counter() - t0:.0f}s)", flush=True)
         dense = {s: dense_leg(table, qvecs[s], maxd) for s in splits}
@@ -302,8 +304,6 @@ def tune(folder: Path, chunkings: Sequence[Tuple[int, int]], out: Path, splits: 
         if default not in candidates:
             candidates.append(default)
         # ---- stage B: fusion
-        # (fused output depth, leg depth): deeper legs only where one node is one document
-        pairs = [(d, d) for d in depths] if (size, overlap) != WHOLE else [(depths[0], ld) for ld in sorted({depths[0], 200, 300})]
         for spec in candidates:
             legs = {select_split: [bm25_leg(table, qtexts[select_split], spec, maxd, token_cache), dense[select_split]]}
             for d, ld in pairs:

@@ -5,12 +5,14 @@ search (in process or inside Qdrant), ``HybridIndex`` keeps it all in one storag
 the evaluation package measures it.
 """
 
+from .embeddings import FastHuggingFaceEmbedding
 from .indices import EmbeddingCache, HybridIndex
 from .node_parser import SectionHierarchyNodeParser, SectionWindowNodeParser
 from .readers import DocumentReadError, FileReadError, MarkdownReader, PagedPDFReader, TextFileReader
 from .retrievers import (
     BM25Retriever,
     BM25TokenizerConfig,
+    ExactDenseRetriever,
     FusedNodeWithScore,
     HybridRetriever,
     QdrantHybridRetriever,
@@ -37,4 +39,6 @@ __all__ = [
     "score_fusion",
     "HybridIndex",
     "EmbeddingCache",
+    "ExactDenseRetriever",
+    "FastHuggingFaceEmbedding",
 ]

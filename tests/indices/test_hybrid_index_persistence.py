@@ -64,7 +64,7 @@ def test_loading_with_another_embedding_model_names_both(index_dir: Path) -> Non
     with pytest.raises(ValueError) as err:
         HybridIndex.load(index_dir, embed_model=MockEmbedding(embed_dim=384))
     msg = str(err.value)
-    assert f"'{DEFAULT_EMBED_MODEL}' (HuggingFaceEmbedding)" in msg
+    assert f"'{DEFAULT_EMBED_MODEL}' (FastHuggingFaceEmbedding)" in msg
     assert "'unknown' (MockEmbedding)" in msg
     assert "not comparable" in msg
 
@@ -76,7 +76,7 @@ def test_index_built_with_another_model_needs_that_model(tmp_path: Path, embed_m
         HybridIndex.load(path)  # the default model is not the one it was built with
     with pytest.raises(ValueError) as err:
         HybridIndex.load(path, embed_model=embed_model)
-    assert "'unknown' (MockEmbedding)" in str(err.value) and f"'{DEFAULT_EMBED_MODEL}' (HuggingFaceEmbedding)" in str(err.value)
+    assert "'unknown' (MockEmbedding)" in str(err.value) and f"'{DEFAULT_EMBED_MODEL}' (FastHuggingFaceEmbedding)" in str(err.value)
     with HybridIndex.load(path, embed_model=MockEmbedding(embed_dim=8)) as idx:  # the right model opens it
         assert idx.doc_ids() == ["fees.txt", "filter.txt"]
 

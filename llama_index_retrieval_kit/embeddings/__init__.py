@@ -1,0 +1,5 @@
+"""Embedding models: LlamaIndex ``BaseEmbedding`` subclasses."""
+
+from .onnx_query import FastHuggingFaceEmbedding
+
+__all__ = ["FastHuggingFaceEmbedding"]

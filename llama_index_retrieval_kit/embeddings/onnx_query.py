@@ -1,0 +1,254 @@
+"""``FastHuggingFaceEmbedding``: LlamaIndex's ``HuggingFaceEmbedding`` with a fast query path.
+
+Why: a retriever embeds one short query per call, and PyTorch on CPU spends most of that call in
+small-matrix overhead (about 16-24 ms for all-MiniLM-L6-v2 on two cores). ONNX Runtime runs the
+same weights in about 6 ms. Batches of documents stay on PyTorch (sentence-transformers), which
+is as fast or faster there, so indexed vectors are exactly ``HuggingFaceEmbedding``'s.
+
+How: on the first query the model's transformer is exported once to ONNX (``torch.onnx``,
+cached on disk by a hash of the weights), checked against PyTorch on probe texts, and used for
+every later query. Pooling and normalisation are sentence-transformers' own settings (mean or CLS
+pooling, optional unit length). Anything this path cannot reproduce exactly (other module
+stacks, prompts excluded from pooling, a failed export or check, ``onnxruntime`` not installed)
+falls back to PyTorch with one warning, so the vectors are always the model's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import logging
+import os
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+from typing import Any, List, Literal, Optional
+
+import numpy as np
+from llama_index.embeddings.huggingface import HuggingFaceEmbedding
+from pydantic import Field, PrivateAttr
+
+logger = logging.getLogger(__name__)
+
+CACHE_ENV = "RKIT_CACHE_DIR"
+_PROBES = (
+    "What is the annual fee?",
+    "0-dimensional biomaterials show inductive properties.",
+    "How do I reset the device to factory settings after a firmware update fails?",
+)
+
+
+def default_cache_dir() -> Path:
+    """Where exported ONNX models live: ``$RKIT_CACHE_DIR`` or ``~/.cache/llama_index_retrieval_kit``."""
+    env = os.environ.get(CACHE_ENV)
+    return Path(env) if env else Path.home() / ".cache" / "llama_index_retrieval_kit"
+
+
+def weights_fingerprint(module: Any, extra: str = "") -> str:
+    """A short hash of a torch module's parameters and buffers (names, shapes, values)."""
+    digest = hashlib.sha256(extra.encode())
+    for name, tensor in sorted(module.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(str(tuple(tensor.shape)).encode())
+        digest.update(np.ascontiguousarray(tensor.detach().cpu().float().numpy()).tobytes())
+    return digest.hexdigest()[:20]
+
+
+def pool(hidden: np.ndarray, attention_mask: np.ndarray, mode: str) -> np.ndarray:
+    """Sentence-transformers pooling of token states ``(batch, tokens, dim)`` -> ``(batch, dim)``."""
+    if mode == "cls":
+        return hidden[:, 0]
+    if mode == "mean":
+        mask = attention_mask[..., None].astype(hidden.dtype)
+        return (hidden * mask).sum(axis=1) / np.clip(mask.sum(axis=1), 1e-9, None)
+    raise ValueError(f"pooling mode {mode!r} has no ONNX path; supported: 'mean', 'cls'")
+
+
+def _export_onnx(auto_model: Any, input_names: List[str], sample: dict, path: Path) -> None:
+    """Export ``auto_model`` (inputs -> last_hidden_state) to ``path`` atomically."""
+    import torch
+
+    class LastHiddenState(torch.nn.Module):
+        def __init__(self, model: Any) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, *inputs: Any) -> Any:
+            return self.model(**dict(zip(input_names, inputs))).last_hidden_state
+
+    wrapper = LastHiddenState(auto_model).eval()
+    args = tuple(torch.as_tensor(sample[name]) for name in input_names)
+    axes = {name: {0: "batch", 1: "tokens"} for name in input_names}
+    axes["last_hidden_state"] = {0: "batch", 1: "tokens"}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".onnx.tmp")
+    os.close(fd)
+    try:
+        with warnings.catch_warnings(), torch.inference_mode():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(
+                wrapper,
+                args,
+                tmp,
+                input_names=input_names,
+                output_names=["last_hidden_state"],
+                dynamic_axes=axes,
+                opset_version=17,
+                dynamo=False,
+            )
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+class FastHuggingFaceEmbedding(HuggingFaceEmbedding):
+    """``HuggingFaceEmbedding`` whose query embeddings run in ONNX Runtime (same weights).
+
+    A drop-in replacement: same constructor, same ``model_name``, document vectors computed by
+    sentence-transformers exactly as ``HuggingFaceEmbedding`` does; query vectors agree with it
+    to ``onnx_tolerance`` (checked when the ONNX model is first used). Set
+    ``query_backend="torch"`` to turn the ONNX path off.
+    """
+
+    query_backend: Literal["onnx", "torch"] = Field(
+        default="onnx", description="Engine for query embeddings: 'onnx' (ONNX Runtime, fast for one text) or 'torch'."
+    )
+    onnx_cache_dir: Optional[str] = Field(
+        default=None, description=f"Folder for exported ONNX models (default ${CACHE_ENV} or ~/.cache/llama_index_retrieval_kit)."
+    )
+    onnx_tolerance: float = Field(
+        default=1e-4, gt=0, description="Largest |difference| from PyTorch on probe texts for the ONNX path to be used."
+    )
+    onnx_threads: int = Field(default=0, ge=0, description="ONNX Runtime intra-op threads (0: one per core).")
+
+    _session: Any = PrivateAttr(default=None)
+    _onnx_state: str = PrivateAttr(default="unset")  # unset | ready | off
+    _onnx_lock: Any = PrivateAttr(default_factory=threading.Lock)
+    _input_names: List[str] = PrivateAttr(default_factory=list)
+    _pooling: str = PrivateAttr(default="mean")
+    _normalize_output: bool = PrivateAttr(default=False)
+
+    def __init__(
+        self,
+        *args: Any,
+        query_backend: Literal["onnx", "torch"] = "onnx",
+        onnx_cache_dir: Optional[str] = None,
+        onnx_tolerance: float = 1e-4,
+        onnx_threads: int = 0,
+        **kwargs: Any,
+    ) -> None:
+        if query_backend not in ("onnx", "torch"):
+            raise ValueError(f"query_backend must be 'onnx' or 'torch', got {query_backend!r}")
+        if not onnx_tolerance > 0:
+            raise ValueError(f"onnx_tolerance must be > 0, got {onnx_tolerance!r}")
+        if onnx_threads < 0:
+            raise ValueError(f"onnx_threads must be >= 0 (0: one per core), got {onnx_threads!r}")
+        # HuggingFaceEmbedding hands unknown keyword arguments to SentenceTransformer: set ours, and
+        # the BaseEmbedding fields its __init__ does not take (they come back from to_dict), after.
+        base_fields = {k: kwargs.pop(k) for k in ("num_workers", "embeddings_cache") if k in kwargs}
+        super().__init__(*args, **kwargs)
+        for name, value in base_fields.items():
+            setattr(self, name, value)
+        self.query_backend = query_backend
+        self.onnx_cache_dir = None if onnx_cache_dir is None else str(onnx_cache_dir)
+        self.onnx_tolerance = onnx_tolerance
+        self.onnx_threads = onnx_threads
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "FastHuggingFaceEmbedding"
+
+    # ------------------------------------------------------------------ query path
+    def _get_query_embedding(self, query: str) -> List[float]:
+        if self.query_backend == "onnx" and self._ensure_onnx():
+            return self._onnx_embed([query], prompt_name="query")[0].tolist()
+        return super()._get_query_embedding(query)
+
+    @property
+    def onnx_active(self) -> bool:
+        """Whether query embeddings come from ONNX Runtime (exports the model on first use)."""
+        return self.query_backend == "onnx" and self._ensure_onnx()
+
+    def _onnx_embed(self, texts: List[str], prompt_name: Optional[str]) -> np.ndarray:
+        prompt = (self._model.prompts or {}).get(prompt_name or "", "") or ""
+        batch = self._tokenize([prompt + t for t in texts])
+        hidden = self._session.run(None, {name: batch[name] for name in self._input_names})[0]
+        vectors = pool(hidden, batch["attention_mask"], self._pooling)
+        if self._normalize_output or self.normalize:
+            vectors = vectors / np.clip(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12, None)
+        return vectors
+
+    def _tokenize(self, texts: List[str]) -> dict:
+        if getattr(self._model[0], "do_lower_case", False):
+            texts = [t.lower() for t in texts]
+        tokenizer = self._model.tokenizer
+        return dict(
+            tokenizer(
+                texts, padding=True, truncation=True, max_length=self._model.max_seq_length, return_tensors="np"
+            )
+        )
+
+    def _ensure_onnx(self) -> bool:
+        if self._onnx_state != "unset":
+            return self._onnx_state == "ready"
+        with self._onnx_lock:
+            if self._onnx_state == "unset":
+                try:
+                    reason = self._prepare_onnx()
+                except Exception as exc:  # any export/runtime failure: fall back, never fail a query
+                    reason = f"{type(exc).__name__}: {exc}"
+                if reason:
+                    logger.warning("query embeddings of %s use PyTorch: %s", self.model_name, reason)
+                    self._onnx_state = "off"
+                else:
+                    self._onnx_state = "ready"
+        return self._onnx_state == "ready"
+
+    def _prepare_onnx(self) -> Optional[str]:
+        """Export/load the ONNX model and check it; returns why it cannot be used, or None."""
+        try:
+            import onnxruntime as ort
+        except ImportError:
+            return "onnxruntime is not installed (pip install onnxruntime)"
+        modules = list(self._model)
+        names = [type(m).__name__ for m in modules]
+        if names[:2] != ["Transformer", "Pooling"] or any(n != "Normalize" for n in names[2:]):
+            return f"module stack {names} has no ONNX path (supported: Transformer, Pooling[, Normalize])"
+        pooling = modules[1].get_config_dict()
+        if pooling.get("pooling_mode") not in ("mean", "cls"):
+            return f"pooling mode {pooling.get('pooling_mode')!r} has no ONNX path (supported: mean, cls)"
+        if not pooling.get("include_prompt", True):
+            return "the model's pooling excludes prompt tokens"
+        auto_model = modules[0].auto_model
+        self._pooling = pooling["pooling_mode"]
+        self._normalize_output = "Normalize" in names[2:]
+        sample = self._tokenize(list(_PROBES))
+        forward_params = set(inspect.signature(auto_model.forward).parameters)
+        self._input_names = [n for n in ("input_ids", "attention_mask", "token_type_ids") if n in sample and n in forward_params]
+
+        import onnxruntime
+        import torch
+
+        key = weights_fingerprint(
+            auto_model, extra=f"{type(auto_model).__name__}|{torch.__version__}|{onnxruntime.__version__}|{self._input_names}"
+        )
+        path = Path(self.onnx_cache_dir or default_cache_dir()) / "onnx" / key / "model.onnx"
+        if not path.exists():
+            logger.info("exporting %s to ONNX at %s (once)", self.model_name, path)
+            _export_onnx(auto_model, self._input_names, sample, path)
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.intra_op_num_threads = self.onnx_threads
+        options.log_severity_level = 3
+        self._session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        # Check against PyTorch, one text at a time (the way queries arrive) and as a batch.
+        expected = np.asarray(super()._embed(list(_PROBES), prompt_name="query"), dtype=np.float32)
+        got = np.vstack([self._onnx_embed([t], prompt_name="query") for t in _PROBES])
+        worst = float(np.abs(got - expected).max())
+        if not worst <= self.onnx_tolerance:
+            self._session = None
+            return f"ONNX vectors differ from PyTorch by {worst:.2e} > onnx_tolerance={self.onnx_tolerance}"
+        logger.debug("ONNX query path ready for %s (max |diff| %.1e)", self.model_name, worst)
+        return None

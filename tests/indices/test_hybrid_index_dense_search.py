@@ -1,0 +1,62 @@
+"""The in-memory dense search of local mode answers exactly like Qdrant's own search."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from llama_index.core.schema import QueryBundle
+
+from llama_index_retrieval_kit.indices import HybridIndex
+
+from . import _support
+
+
+@pytest.mark.parametrize("top_k", [5, 60])
+def test_memory_dense_search_ranks_like_qdrant(index: HybridIndex, bundles, top_k: int) -> None:
+    memory = index.as_retriever("dense", similarity_top_k=top_k, dense_search="memory")
+    qdrant = index.as_retriever("dense", similarity_top_k=top_k, dense_search="qdrant")
+    for qb in bundles:
+        got, want = memory.retrieve(qb), qdrant.retrieve(qb)
+        _support.assert_same_ranking(_support.ranking(got), _support.ranking(want), tol=1e-6, truncated=True)
+        for g, w in zip(got, want):
+            if g.node.node_id == w.node.node_id:
+                assert g.node.get_content() == w.node.get_content() and g.node.metadata == w.node.metadata
+
+
+def test_auto_uses_memory_in_local_mode_and_fused_modes_agree(index: HybridIndex, bundles) -> None:
+    auto = index.as_retriever("hybrid", similarity_top_k=10)
+    assert type(auto._retrievers[1]).__name__ == "ExactDenseRetriever"
+    qdrant = index.as_retriever("hybrid", similarity_top_k=10, dense_search="qdrant")
+    for qb in bundles[:10]:
+        _support.assert_same_ranking(
+            _support.ranking(auto.retrieve(qb)), _support.ranking(qdrant.retrieve(qb)), tol=1e-6, truncated=True
+        )
+
+
+def test_dense_matrix_follows_upserts_and_deletes(index: HybridIndex, embed_model) -> None:
+    retriever = index.as_retriever("dense", similarity_top_k=3)  # made before the writes
+    query = QueryBundle("zephyrquartz network beacon approximate region", embedding=None)
+    before = retriever.retrieve(query)
+    assert _support.NEW_SENTENCE not in " ".join(r.node.get_content() for r in before)
+    index.upsert([_support.changed_document()])
+    after = retriever.retrieve(QueryBundle(query.query_str))
+    assert _support.NEW_SENTENCE.split(",")[0] in after[0].node.get_content()
+    assert len(index.dense_matrix()) == len(index)
+    index.delete(_support.CHANGED_DOC)
+    gone = retriever.retrieve(QueryBundle(query.query_str))
+    assert all(r.node.ref_doc_id != _support.CHANGED_DOC for r in gone)
+    assert len(index.dense_matrix()) == len(index)
+
+
+def test_unknown_dense_search_is_rejected(index: HybridIndex) -> None:
+    with pytest.raises(ValueError, match="unknown dense_search 'faiss'; choose one of auto, memory, qdrant"):
+        index.as_retriever("dense", dense_search="faiss")
+    with pytest.raises(ValueError, match="unknown dense_search"):
+        index.as_retriever("sparse", dense_search="faiss")
+
+
+def test_empty_index_answers_nothing(tmp_path: Path, embed_model) -> None:
+    with HybridIndex.from_documents([], tmp_path / "empty", embed_model=embed_model) as idx:
+        assert idx.as_retriever("dense").retrieve("anything") == []
+        assert idx.as_retriever("hybrid").retrieve("anything") == []

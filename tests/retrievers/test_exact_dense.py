@@ -1,0 +1,90 @@
+"""Exact dense search: the pure top-k against a brute-force oracle, and the retriever wrapper."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+from llama_index.core.embeddings import MockEmbedding
+from llama_index.core.schema import QueryBundle
+
+from llama_index_retrieval_kit.retrievers import DenseMatrix, ExactDenseRetriever
+from llama_index_retrieval_kit.retrievers.exact_dense import top_dense_matches
+
+from ._strategies import corpus_st, filters_st, oracle_matches
+
+DIM = 4
+finite = st.floats(-4, 4, allow_nan=False, width=32)
+
+
+def _oracle(nodes, vectors: np.ndarray, query: np.ndarray, top_k: int, filters=None):
+    """Cosine similarity of every row, sorted high first (ties by row), filtered, cut."""
+    unit = vectors / np.where(np.linalg.norm(vectors, axis=1, keepdims=True) > 0, np.linalg.norm(vectors, axis=1, keepdims=True), 1)
+    q = query / (np.linalg.norm(query) or 1)
+    scores = unit.astype(np.float64) @ q.astype(np.float64)
+    rows = [i for i in sorted(range(len(nodes)), key=lambda i: (-scores[i], i)) if filters is None or oracle_matches(nodes[i].metadata, filters)]
+    return rows[:top_k], scores
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    nodes=corpus_st(max_size=15),
+    data=st.data(),
+    top_k=st.integers(1, 20),
+    filters=st.one_of(st.none(), filters_st),
+)
+def test_top_k_equals_brute_force_with_and_without_filters(nodes, data, top_k, filters) -> None:
+    vectors = data.draw(arrays(np.float32, (len(nodes), DIM), elements=finite))
+    query = data.draw(arrays(np.float32, (DIM,), elements=finite))
+    matrix = DenseMatrix.build(nodes, vectors)
+    got = top_dense_matches(matrix, query, top_k, filters)
+    want_rows, scores = _oracle(nodes, vectors, query, top_k, filters)
+    assert len(got) == len(want_rows)
+    # Same scores position by position; rows may differ only inside a group of (near-)equal scores.
+    for (row, score), want_row in zip(got, want_rows):
+        assert abs(score - scores[want_row]) < 1e-5
+        assert abs(scores[row] - scores[want_row]) < 1e-5
+        if filters is not None:
+            assert oracle_matches(nodes[row].metadata, filters)
+    assert len({row for row, _ in got}) == len(got)
+    assert [s for _, s in got] == sorted((s for _, s in got), reverse=True)
+
+
+def test_known_answer_and_unit_normalisation() -> None:
+    from llama_index.core.schema import TextNode
+
+    nodes = [TextNode(id_=f"n{i}", text=str(i), metadata={"k": i % 2}) for i in range(4)]
+    vectors = np.array([[1, 0], [0, 3], [1, 1], [-2, 0]], dtype=np.float32)
+    matrix = DenseMatrix.build(nodes, vectors)
+    np.testing.assert_allclose(np.linalg.norm(matrix.vectors, axis=1), 1.0, atol=1e-6)
+    got = top_dense_matches(matrix, [2.0, 0.0], top_k=3)
+    assert [r for r, _ in got] == [0, 2, 1]
+    np.testing.assert_allclose([s for _, s in got], [1.0, np.sqrt(0.5), 0.0], atol=1e-6)
+    from llama_index.core.vector_stores.types import MetadataFilter, MetadataFilters
+
+    odd = MetadataFilters(filters=[MetadataFilter(key="k", value=1)])
+    assert [r for r, _ in top_dense_matches(matrix, [2.0, 0.0], top_k=3, filters=odd)] == [1, 3]
+    assert top_dense_matches(DenseMatrix.build([], np.zeros((0, 2))), [1.0, 0.0], 3) == []
+    with pytest.raises(ValueError, match="3-dimensional|shape"):
+        top_dense_matches(matrix, [1.0, 0.0, 0.0], 3)
+
+
+def test_retriever_returns_copies_and_follows_the_matrix_it_is_given() -> None:
+    from llama_index.core.schema import TextNode
+
+    nodes = [TextNode(id_=f"n{i}", text=f"text {i}", metadata={"i": i}) for i in range(3)]
+    current = {"m": DenseMatrix.build(nodes, np.eye(3, dtype=np.float32))}
+    retriever = ExactDenseRetriever(lambda: current["m"], MockEmbedding(embed_dim=3), similarity_top_k=2)
+    first = retriever.retrieve(QueryBundle("q", embedding=[0.0, 1.0, 0.0]))
+    assert [r.node.node_id for r in first] == ["n1", "n0"] and first[0].score == pytest.approx(1.0)
+    first[0].node.metadata["i"] = "changed"
+    first[0].node.text = "changed"
+    again = retriever.retrieve(QueryBundle("q", embedding=[0.0, 1.0, 0.0]))
+    assert again[0].node.metadata["i"] == 1 and again[0].node.text == "text 1"
+    assert nodes[1].metadata["i"] == 1
+    current["m"] = DenseMatrix.build(nodes[:1], np.eye(3, dtype=np.float32)[:1])
+    assert [r.node.node_id for r in retriever.retrieve(QueryBundle("q", embedding=[0.0, 1.0, 0.0]))] == ["n0"]
+    with pytest.raises(ValueError, match="similarity_top_k"):
+        ExactDenseRetriever(lambda: current["m"], MockEmbedding(embed_dim=3), similarity_top_k=0)
