@@ -168,6 +168,22 @@ def embed_model():
     return _MODEL
 
 
+_LI_MODEL = None
+
+
+def llamaindex_embed_model():
+    """LlamaIndex's own ``HuggingFaceEmbedding`` on the packaged MiniLM, with its defaults
+    (PyTorch queries, ``embed_batch_size=10``): what a LlamaIndex user gets, for the baselines."""
+    global _LI_MODEL
+    if _LI_MODEL is None:
+        from llama_index.embeddings.huggingface import HuggingFaceEmbedding
+
+        from llama_index_retrieval_kit.models import DEFAULT_EMBED_MODEL, resolve_model_path
+
+        _LI_MODEL = HuggingFaceEmbedding(model_name=resolve_model_path(DEFAULT_EMBED_MODEL))
+    return _LI_MODEL
+
+
 def open_cache():
     from llama_index_retrieval_kit.indices import EmbeddingCache
 

@@ -13,8 +13,11 @@ Rows, all built and queried in the same process on the same Documents (title + "
 * LlamaIndex ``QueryFusionRetriever(mode="reciprocal_rerank", num_queries=1)`` over those two
   (LlamaIndex defaults otherwise; ``use_async=False`` because a Qdrant local-mode store has no
   async client; ``llm=MockLLM()`` is never called with ``num_queries=1``);
-* ours: ``HybridIndex.as_retriever`` modes ``sparse`` (BM25), ``dense``, ``hybrid`` (RRF),
-  ``hybrid_score`` (normalised score fusion) and ``qdrant_hybrid`` (fusion inside Qdrant).
+* ours: ``HybridIndex.as_retriever`` modes ``sparse`` (BM25), ``dense``, ``hybrid_rrf`` (RRF),
+  ``hybrid_score`` (normalised score fusion, what the recommended mode ``hybrid`` runs) and
+  ``qdrant_hybrid`` (fusion inside Qdrant). Our rows embed queries with the package default
+  (``FastHuggingFaceEmbedding``: ONNX Runtime), LlamaIndex's rows with LlamaIndex's
+  ``HuggingFaceEmbedding`` (PyTorch) and its defaults; both compute the same vectors.
 
 Evaluation is at document level: a chunk counts for its ``doc_id``, a document takes its best
 chunk's score (max-score aggregation), and every system retrieves enough chunks to fill 100
@@ -545,27 +548,30 @@ def build_ours(corpus, storage: Path, params: Dict[str, Any], embed_model, depth
     rrf, sc, qd = params["rrf"], params["score"], params["qdrant"]
     r_sparse = index.as_retriever("sparse", similarity_top_k=depth)
     r_dense = index.as_retriever("dense", similarity_top_k=depth)
-    r_rrf = index.as_retriever("hybrid", similarity_top_k=depth, candidate_top_k=rrf["candidate_top_k"], rrf_k=rrf["rrf_k"], weights=rrf["weights"])
+    r_rrf = index.as_retriever("hybrid_rrf", similarity_top_k=depth, candidate_top_k=rrf["candidate_top_k"], rrf_k=rrf["rrf_k"], weights=rrf["weights"])
     r_score = index.as_retriever("hybrid_score", similarity_top_k=depth, candidate_top_k=sc["candidate_top_k"], weights=sc["weights"])
     r_qd = index.as_retriever("qdrant_hybrid", similarity_top_k=depth, candidate_top_k=qd["candidate_top_k"], rrf_k=qd["rrf_k"])
     common = {"chunking": chunking_label(params["chunk_size"], params["chunk_overlap"]), "bm25": bm, "similarity_top_k": depth}
     systems = [
         System("ours BM25 (sparse)", "ours", r_sparse.retrieve, build, dict(common)),
-        System("ours dense (Qdrant)", "ours", r_dense.retrieve, build, dict(common)),
+        System("ours dense", "ours", r_dense.retrieve, build, dict(common)),
         System("ours hybrid RRF", "ours", r_rrf.retrieve, build, {**common, **rrf}),
-        System("ours hybrid score fusion", "ours", r_score.retrieve, build, {**common, **sc}),
+        System("ours hybrid score fusion (mode 'hybrid')", "ours", r_score.retrieve, build, {**common, **sc}),
         System("ours Qdrant-native hybrid", "ours", r_qd.retrieve, build, {**common, **qd}),
     ]
     return index, systems
 
 
-def cold_builds(corpus, n_docs: int, params: Dict[str, Any], embed_model, workdir: Path, repeats: int) -> List[Dict[str, Any]]:
+def cold_builds(
+    corpus, n_docs: int, params: Dict[str, Any], embed_model, li_embed_model, workdir: Path, repeats: int
+) -> List[Dict[str, Any]]:
     """Indexing throughput from scratch (embedding included) on the first ``n_docs`` documents.
 
     LlamaIndex's VectorStoreIndex.from_documents gets our node parser as its transformation, so
     both systems embed exactly the same chunk texts; the vectors are then read back from both
     Qdrant collections by node id and compared. LlamaIndex with its default SentenceSplitter is
-    timed too, for reference (different chunks).
+    timed too, for reference (different chunks). LlamaIndex's rows embed with
+    ``li_embed_model`` (its HuggingFaceEmbedding, defaults), ours with ``embed_model``.
     """
     from llama_index.core import StorageContext, VectorStoreIndex
     from llama_index.vector_stores.qdrant import QdrantVectorStore
@@ -595,7 +601,7 @@ def cold_builds(corpus, n_docs: int, params: Dict[str, Any], embed_model, workdi
             VectorStoreIndex.from_documents(
                 docs,
                 storage_context=StorageContext.from_defaults(vector_store=store),
-                embed_model=embed_model,
+                embed_model=li_embed_model,
                 transformations=[C.our_parser(params["chunk_size"], params["chunk_overlap"])],
             )
             seconds = time.perf_counter() - t0
@@ -630,7 +636,7 @@ def cold_builds(corpus, n_docs: int, params: Dict[str, Any], embed_model, workdi
         with RssPeak() as mem:
             t0 = time.perf_counter()
             store = QdrantVectorStore(client=client, collection_name="li")
-            VectorStoreIndex.from_documents(docs, storage_context=StorageContext.from_defaults(vector_store=store), embed_model=embed_model)
+            VectorStoreIndex.from_documents(docs, storage_context=StorageContext.from_defaults(vector_store=store), embed_model=li_embed_model)
             seconds = time.perf_counter() - t0
         n = client.count("li").count
         client.close()
@@ -726,13 +732,15 @@ def run_benchmark(args: argparse.Namespace) -> List[Dict[str, Any]]:
     queries = dict(list(data.queries.items())[: args.limit_queries] if args.limit_queries else data.queries.items())
     print(f"[{name}] {len(corpus)} docs, {len(queries)} {args.split} queries; our parameters: {json.dumps(params)}", flush=True)
 
-    embed_model = C.embed_model()
+    embed_model = C.embed_model()  # ours: FastHuggingFaceEmbedding (ONNX Runtime queries)
+    li_embed_model = C.llamaindex_embed_model()  # LlamaIndex's HuggingFaceEmbedding, its defaults
     embed_model.get_query_embedding("warm up")
+    li_embed_model.get_query_embedding("warm up")
     work = C.CACHE_DIR / "bench" / name
 
     # ---- LlamaIndex
     li_depth = args.llama_depth
-    li_systems, li_info = build_llamaindex(corpus, work / "llamaindex_qdrant", li_depth, embed_model)
+    li_systems, li_info = build_llamaindex(corpus, work / "llamaindex_qdrant", li_depth, li_embed_model)
     print(f"[{name}] LlamaIndex built: {li_info['nodes']} nodes ({time.perf_counter() - t_start:.0f}s)", flush=True)
     # ---- ours
     n_chunks_est = len(C.our_parser(params["chunk_size"], params["chunk_overlap"]).get_nodes_from_documents(C.our_documents(corpus, list(corpus)[:500])))
@@ -745,6 +753,9 @@ def run_benchmark(args: argparse.Namespace) -> List[Dict[str, Any]]:
     from llama_index.core.schema import QueryBundle
 
     dense_leg = index.as_retriever("dense", similarity_top_k=max(params["rrf"]["candidate_top_k"], our_depth))
+    qdrant_dense_leg = index.as_retriever(
+        "dense", similarity_top_k=max(params["rrf"]["candidate_top_k"], our_depth), dense_search="qdrant"
+    )
     qvec = {t: v for t, v in zip(queries.values(), C.cached_embeddings(list(queries.values())))}
     # the same chunk vectors as a plain in-memory matrix: what a dense search costs without Qdrant local mode
     leaf_texts = [C.embed_text_of(n) for n in index.bm25.nodes]
@@ -759,8 +770,10 @@ def run_benchmark(args: argparse.Namespace) -> List[Dict[str, Any]]:
 
     probes = {
         "query embedding": embed_model.get_query_embedding,
+        "LlamaIndex query embedding": li_embed_model.get_query_embedding,
         "our BM25 leg": bm25_leg.retrieve,
         "our dense leg, embedding given": lambda t: dense_leg.retrieve(QueryBundle(t, embedding=qvec[t].tolist())),
+        "Qdrant local dense search, embedding given": lambda t: qdrant_dense_leg.retrieve(QueryBundle(t, embedding=qvec[t].tolist())),
         "numpy dense top-k, embedding given": numpy_dense,
     }
     systems = li_systems + our_systems
@@ -789,10 +802,14 @@ def run_benchmark(args: argparse.Namespace) -> List[Dict[str, Any]]:
             "params": s.params,
         })
     floor = [a + b for a, b in zip(probe_times["query embedding"], probe_times["our BM25 leg"])]
+    li_floor = [a + b for a, b in zip(probe_times["LlamaIndex query embedding"], probe_times["our BM25 leg"])]
     floor_row = {
         **base,
         "kind": "latency_floor",
         "query_embedding_p50_ms": pct(probe_times["query embedding"], 50),
+        "llamaindex_query_embedding_p50_ms": pct(probe_times["LlamaIndex query embedding"], 50),
+        "qdrant_dense_given_embedding_p50_ms": pct(probe_times["Qdrant local dense search, embedding given"], 50),
+        "floor_with_llamaindex_embedding_p50_ms": pct(li_floor, 50),
         "bm25_leg_p50_ms": pct(probe_times["our BM25 leg"], 50),
         "dense_leg_given_embedding_p50_ms": pct(probe_times["our dense leg, embedding given"], 50),
         "numpy_dense_given_embedding_p50_ms": pct(probe_times["numpy dense top-k, embedding given"], 50),
@@ -806,7 +823,7 @@ def run_benchmark(args: argparse.Namespace) -> List[Dict[str, Any]]:
 
     if args.subset_docs > 0:
         print(f"[{name}] cold builds on the first {args.subset_docs} docs ...", flush=True)
-        rows += [{**base, **r} for r in cold_builds(corpus, args.subset_docs, params, embed_model, work, args.build_repeats)]
+        rows += [{**base, **r} for r in cold_builds(corpus, args.subset_docs, params, embed_model, li_embed_model, work, args.build_repeats)]
 
     # ---- report
     ret = [r for r in rows if r["kind"] == "retrieval"]
@@ -817,8 +834,10 @@ def run_benchmark(args: argparse.Namespace) -> List[Dict[str, Any]]:
     print(
         f"floor (query embedding + our BM25 leg at depth {floor_row['leg_depth']}): p50 {floor_row['floor_p50_ms']:.1f} ms "
         f"(embedding {floor_row['query_embedding_p50_ms']:.1f}, BM25 {floor_row['bm25_leg_p50_ms']:.1f}); "
-        f"our dense leg (Qdrant local mode) with the embedding given: {floor_row['dense_leg_given_embedding_p50_ms']:.1f} ms; "
-        f"the same top-k over the same vectors in numpy: {floor_row['numpy_dense_given_embedding_p50_ms']:.2f} ms"
+        f"LlamaIndex's HuggingFaceEmbedding query embedding: {floor_row['llamaindex_query_embedding_p50_ms']:.1f} ms; "
+        f"dense top-k with the embedding given: ours {floor_row['dense_leg_given_embedding_p50_ms']:.2f} ms, "
+        f"Qdrant local mode {floor_row['qdrant_dense_given_embedding_p50_ms']:.1f} ms, "
+        f"bare numpy {floor_row['numpy_dense_given_embedding_p50_ms']:.2f} ms"
     )
     qfr = next(r for r in ret if r["system"].startswith("LlamaIndex QueryFusion"))
     ours_h = [r for r in ret if r["family"] == "ours" and "hybrid" in r["system"]]

@@ -128,7 +128,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     from .indices import HybridIndex
 
-    _out("\n== Hybrid index (BM25 + all-MiniLM-L6-v2 on Qdrant local mode, fused with RRF) ==")
+    _out("\n== Hybrid index (BM25 + all-MiniLM-L6-v2 on Qdrant local mode, fused by normalised score fusion) ==")
     with HybridIndex.from_documents(
         result.documents, out / "index", overwrite=True, show_progress=not args.quiet
     ) as index:
@@ -186,7 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     qry = sub.add_parser("query", help="retrieve chunks for a question from an index folder")
     qry.add_argument("question")
     qry.add_argument("--storage", required=True)
-    qry.add_argument("--mode", choices=["hybrid", "hybrid_score", "dense", "sparse", "qdrant_hybrid"], default="hybrid")
+    qry.add_argument("--mode", choices=["hybrid", "hybrid_score", "hybrid_rrf", "dense", "sparse", "qdrant_hybrid"], default="hybrid")
     qry.add_argument("-k", "--top-k", type=int, default=5)
     qry.set_defaults(func=cmd_query)
 

@@ -242,6 +242,10 @@ class FastHuggingFaceEmbedding(HuggingFaceEmbedding):
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.intra_op_num_threads = self.onnx_threads
         options.log_severity_level = 3
+        # No busy-waiting between runs: a spinning pool would take the cores from whatever
+        # runs next (the BM25 leg, PyTorch embedding a batch of documents, other processes).
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.add_session_config_entry("session.inter_op.allow_spinning", "0")
         self._session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         # Check against PyTorch, one text at a time (the way queries arrive) and as a batch.
         expected = np.asarray(super()._embed(list(_PROBES), prompt_name="query"), dtype=np.float32)

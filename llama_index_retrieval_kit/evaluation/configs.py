@@ -6,8 +6,9 @@ documents, and the retriever's settings. Built-in names (``rkit eval --config NA
 =====================  =========================================================================
 ``bm25``               our BM25 (bm25s, k1=1.2, b=0.75) = ``HybridIndex`` mode ``"sparse"``
 ``dense``              ``HybridIndex`` mode ``"dense"`` (Qdrant local mode, offline MiniLM)
-``hybrid``             ``HybridIndex`` mode ``"hybrid"`` (BM25 + dense, RRF k=60)
+``hybrid``             ``HybridIndex`` mode ``"hybrid"`` (recommended fusion: score fusion today)
 ``hybrid_score``       ``HybridIndex`` mode ``"hybrid_score"`` (normalised score fusion)
+``hybrid_rrf``         ``HybridIndex`` mode ``"hybrid_rrf"`` (reciprocal rank fusion, k=60)
 ``qdrant_hybrid``      ``HybridIndex`` mode ``"qdrant_hybrid"`` (fusion inside Qdrant)
 ``llamaindex-bm25``    LlamaIndex's ``BM25Retriever.from_defaults(nodes=...)``, its defaults
 ``llamaindex-dense``   LlamaIndex's ``VectorStoreIndex`` (in-memory) over the same nodes
@@ -25,8 +26,8 @@ LlamaIndex's default ``SentenceSplitter``, unless a YAML file says otherwise::
     embed_model: sentence-transformers/all-MiniLM-L6-v2   # kinds with a dense leg
     similarity_top_k: 10             # optional: default = enough for the largest k
     candidate_top_k: 100             # hybrid kinds: depth of each leg before fusion
-    rrf_k: 60                        # hybrid, qdrant_hybrid
-    weights: [1.0, 1.0]              # hybrid, hybrid_score: [bm25, dense]
+    rrf_k: 60                        # hybrid_rrf, qdrant_hybrid
+    weights: [1.0, 1.0]              # hybrid, hybrid_score, hybrid_rrf: [bm25, dense]
     bm25: {k1: 1.2, b: 0.75}         # bm25 and the hybrid kinds
 
 A key that does not apply to the chosen retriever is an error (it would be silently ignored
@@ -50,8 +51,9 @@ from ..models import DEFAULT_EMBED_MODEL
 RETRIEVERS: dict[str, str] = {
     "bm25": "our BM25 retriever (bm25s), HybridIndex mode 'sparse'",
     "dense": "HybridIndex mode 'dense' (Qdrant local mode)",
-    "hybrid": "HybridIndex mode 'hybrid' (BM25 + dense, reciprocal rank fusion)",
+    "hybrid": "HybridIndex mode 'hybrid' (BM25 + dense, the recommended fusion: normalised score fusion)",
     "hybrid_score": "HybridIndex mode 'hybrid_score' (BM25 + dense, normalised score fusion)",
+    "hybrid_rrf": "HybridIndex mode 'hybrid_rrf' (BM25 + dense, reciprocal rank fusion)",
     "qdrant_hybrid": "HybridIndex mode 'qdrant_hybrid' (fusion inside Qdrant)",
     "llamaindex-bm25": "LlamaIndex's BM25Retriever.from_defaults(nodes=...)",
     "llamaindex-dense": "LlamaIndex's VectorStoreIndex over the same nodes",
@@ -62,6 +64,7 @@ HYBRID_INDEX_MODES: dict[str, str] = {
     "dense": "dense",
     "hybrid": "hybrid",
     "hybrid_score": "hybrid_score",
+    "hybrid_rrf": "hybrid_rrf",
     "qdrant_hybrid": "qdrant_hybrid",
 }
 PARSER_CLASSES: tuple[str, ...] = (
@@ -75,11 +78,11 @@ _PARSER_INTERNAL = ("callback_manager", "id_func", "class_name")
 
 #: Which retrievers each optional key applies to.
 _KEY_SCOPE: dict[str, tuple[str, ...]] = {
-    "embed_model": ("dense", "hybrid", "hybrid_score", "qdrant_hybrid", "llamaindex-dense"),
-    "candidate_top_k": ("hybrid", "hybrid_score", "qdrant_hybrid"),
-    "rrf_k": ("hybrid", "qdrant_hybrid"),
-    "weights": ("hybrid", "hybrid_score"),
-    "bm25": ("bm25", "hybrid", "hybrid_score", "qdrant_hybrid"),
+    "embed_model": ("dense", "hybrid", "hybrid_score", "hybrid_rrf", "qdrant_hybrid", "llamaindex-dense"),
+    "candidate_top_k": ("hybrid", "hybrid_score", "hybrid_rrf", "qdrant_hybrid"),
+    "rrf_k": ("hybrid_rrf", "qdrant_hybrid"),
+    "weights": ("hybrid", "hybrid_score", "hybrid_rrf"),
+    "bm25": ("bm25", "hybrid", "hybrid_score", "hybrid_rrf", "qdrant_hybrid"),
 }
 TOP_LEVEL_KEYS: tuple[str, ...] = ("name", "retriever", "node_parser", "similarity_top_k", *_KEY_SCOPE)
 BM25_KEYS: tuple[str, ...] = ("k1", "b")

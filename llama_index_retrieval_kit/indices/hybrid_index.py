@@ -44,6 +44,7 @@ from ..models import DEFAULT_EMBED_MODEL, default_embed_model, embed_model_name
 from ..node_parser import SectionHierarchyNodeParser, SectionWindowNodeParser
 from ..retrievers.bm25 import BM25Retriever, BM25TokenizerConfig
 from ..retrievers.exact_dense import DenseMatrix, ExactDenseRetriever
+from ..retrievers.node_copy import copy_node
 from ..retrievers.hybrid import HybridRetriever
 from ..retrievers.qdrant_hybrid import (
     DENSE_VECTOR,
@@ -53,13 +54,14 @@ from ..retrievers.qdrant_hybrid import (
     sparse_vectors_config,
 )
 from .embedding_cache import EmbeddingCache, embed_texts, model_key
+from .fused_retriever import FusedIndexRetriever
 
 logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 COLLECTION = "chunks"
-RetrieverMode = Literal["hybrid", "hybrid_score", "dense", "sparse", "qdrant_hybrid"]
-RETRIEVER_MODES: tuple[str, ...] = ("hybrid", "hybrid_score", "dense", "sparse", "qdrant_hybrid")
+RetrieverMode = Literal["hybrid", "hybrid_score", "hybrid_rrf", "dense", "sparse", "qdrant_hybrid"]
+RETRIEVER_MODES: tuple[str, ...] = ("hybrid", "hybrid_score", "hybrid_rrf", "dense", "sparse", "qdrant_hybrid")
 DENSE_SEARCH: tuple[str, ...] = ("auto", "memory", "qdrant")
 SCROLL_PAGE = 2048
 
@@ -111,6 +113,20 @@ class _SyncDenseRetriever(VectorIndexRetriever):
         return self._retrieve(query_bundle)
 
 
+class _CopyingHybridRetriever(HybridRetriever):
+    """A HybridRetriever over legs that return the index's own nodes: copies the fused results.
+
+    The legs of an index retriever skip per-candidate copies (a few microseconds each, hundreds
+    per query); only the ``similarity_top_k`` results that reach the caller are copied.
+    """
+
+    def _fuse(self, leg_results: Sequence[Sequence[NodeWithScore]]) -> List[NodeWithScore]:
+        fused = super()._fuse(leg_results)
+        for result in fused:
+            result.node = copy_node(result.node)
+        return fused
+
+
 class HybridIndex:
     """Hybrid (BM25 + dense) index in one folder, with upserts, deletes and crash safety.
 
@@ -140,7 +156,7 @@ class HybridIndex:
         self.tokenizer_config = tokenizer_config
         self.cache = EmbeddingCache(storage_dir / "embeddings.sqlite")
         self._vector_store: Any = None
-        self._dense: Optional[DenseMatrix] = None
+        self._dense: Optional[tuple] = None  # (BM25 snapshot, DenseMatrix aligned with it)
         self._dense_lock = threading.Lock()
 
     # ------------------------------------------------------------------ construction
@@ -486,12 +502,19 @@ class HybridIndex:
     ) -> BaseRetriever:
         """A retriever over this index.
 
-        Modes: ``"hybrid"`` (recommended: BM25 + dense, RRF in process), ``"hybrid_score"``
-        (convex combination of normalised scores), ``"dense"``, ``"sparse"`` (BM25), and
-        ``"qdrant_hybrid"`` (fusion inside Qdrant; the path for a Qdrant server/cluster).
-        ``filters`` apply to every leg. ``dense_search``: ``"memory"`` (exact cosine over the stored
-        vectors in numpy), ``"qdrant"`` (Qdrant's own search) or ``"auto"`` (memory in local mode,
-        Qdrant for a server).
+        Modes:
+
+        * ``"hybrid"`` (recommended): BM25 + dense, fused in process by the method that measured
+          best (docs/benchmarks.md): today score fusion, i.e. ``"hybrid_score"``;
+        * ``"hybrid_score"``: convex combination of min-max normalised leg scores (``weights``);
+        * ``"hybrid_rrf"``: reciprocal rank fusion, ``sum w / (rrf_k + rank)``;
+        * ``"dense"``, ``"sparse"`` (BM25): one leg;
+        * ``"qdrant_hybrid"``: RRF inside Qdrant (the path for a Qdrant server or cluster).
+
+        ``filters`` apply to every leg; ``candidate_top_k`` is each leg's depth. ``dense_search``:
+        ``"memory"`` (exact cosine over the stored vectors in numpy; fused modes then fuse in
+        arrays), ``"qdrant"`` (Qdrant's own search) or ``"auto"`` (memory in local mode, Qdrant
+        for a server).
         """
         if mode not in RETRIEVER_MODES:
             raise ValueError(f"unknown retriever mode {mode!r}; choose one of {', '.join(RETRIEVER_MODES)}")
@@ -507,7 +530,7 @@ class HybridIndex:
             if weights is not None and len({float(w) for w in weights}) > 1:
                 raise ValueError(
                     f"mode='qdrant_hybrid' cannot weight its legs ({list(weights)!r}): Qdrant's weighted RRF is not "
-                    "w / (k + rank); use mode='hybrid' for weighted fusion"
+                    "w / (k + rank); use mode='hybrid_rrf' for weighted fusion"
                 )
             return QdrantHybridRetriever(
                 self.client,
@@ -520,17 +543,36 @@ class HybridIndex:
                 rrf_k=rrf_k,  # QdrantHybridRetriever rejects a non-integer k instead of truncating it
                 filters=filters,
             )
+        fusion = "rrf" if mode == "hybrid_rrf" else "score"
         depth = max(candidate_top_k, similarity_top_k)
+        if self._dense_in_memory(dense_search):
+            return FusedIndexRetriever(
+                self._bm25_view(filters, depth),
+                self.dense_matrix,
+                self.embed_model,
+                mode=fusion,
+                rrf_k=rrf_k,
+                weights=weights,
+                candidate_top_k=depth,
+                similarity_top_k=similarity_top_k,
+                **kwargs,
+            )
         legs = [self._bm25_view(filters, depth), self._dense_retriever(filters, depth, dense_search)]
-        return HybridRetriever(
+        for leg in legs:
+            if hasattr(leg, "_copy_results"):
+                leg._copy_results = False  # _CopyingHybridRetriever copies what it returns
+        return _CopyingHybridRetriever(
             legs,
             names=["bm25", "dense"],
-            mode="rrf" if mode == "hybrid" else "score",
+            mode=fusion,
             rrf_k=rrf_k,
             weights=weights,
             similarity_top_k=similarity_top_k,
             **kwargs,
         )
+
+    def _dense_in_memory(self, dense_search: str) -> bool:
+        return dense_search == "memory" or (dense_search == "auto" and not self.config.get("qdrant_url"))
 
     def _bm25_view(self, filters: Optional[MetadataFilters], top_k: int) -> BM25Retriever:
         return self.bm25.with_filters(filters, similarity_top_k=top_k)
@@ -538,53 +580,68 @@ class HybridIndex:
     def _dense_retriever(self, filters: Optional[MetadataFilters], top_k: int, dense_search: str = "auto") -> BaseRetriever:
         if dense_search not in DENSE_SEARCH:
             raise ValueError(f"unknown dense_search {dense_search!r}; choose one of {', '.join(DENSE_SEARCH)}")
-        if dense_search == "memory" or (dense_search == "auto" and not self.config.get("qdrant_url")):
+        if self._dense_in_memory(dense_search):
             return ExactDenseRetriever(self.dense_matrix, self.embed_model, similarity_top_k=top_k, filters=filters)
         index = VectorStoreIndex.from_vector_store(self.vector_store, embed_model=self.embed_model)
         return _SyncDenseRetriever(index, similarity_top_k=top_k, filters=filters, embed_model=self.embed_model)
 
-    def dense_matrix(self) -> DenseMatrix:
-        """The indexed dense vectors as a matrix (read from Qdrant once per index generation).
+    def dense_matrix(self, snapshot: Any = None) -> DenseMatrix:
+        """The indexed dense vectors as a matrix whose rows follow the BM25 index's node order.
 
-        Local mode answers dense queries from this matrix: the same exact cosine search Qdrant
-        local mode runs, without its per-point Python work. It holds a second copy of the vectors
-        in memory (4 bytes x dimension per chunk, e.g. 1.5 GB per million MiniLM chunks).
+        Read from Qdrant once per index generation. Local mode answers dense queries from it: the
+        same exact cosine search Qdrant local mode runs, without its per-point Python work, and
+        with positions shared with BM25 so that fusion runs on arrays. It holds a second copy of
+        the vectors in memory (4 bytes x dimension per chunk: 1.5 GB per million MiniLM chunks).
         """
-        dense = self._dense
-        if dense is not None:
-            return dense
+        snapshot = snapshot if snapshot is not None else self.bm25._shared.snapshot
+        cached = self._dense
+        if cached is not None and cached[0] is snapshot:
+            return cached[1]
         with self._dense_lock:
-            if self._dense is None:
-                self._dense = self._read_dense_matrix()
-            return self._dense
+            cached = self._dense
+            if cached is not None and cached[0] is snapshot:
+                return cached[1]
+            matrix, complete = self._read_dense_matrix(snapshot)
+            if complete:
+                self._dense = (snapshot, matrix)
+            return matrix
 
-    def _read_dense_matrix(self) -> DenseMatrix:
+    def _read_dense_matrix(self, snapshot: Any) -> tuple[DenseMatrix, bool]:
         name = self.config["collection"]
-        if not self.client.collection_exists(name):
-            return DenseMatrix.build([], np.zeros((0, self.config.get("embed_dim") or 1), dtype=np.float32))
-        ids: List[str] = []
-        rows: List[Any] = []
+        dim = self.config.get("embed_dim") or 1
+        nodes = snapshot.nodes
+        if not nodes or not self.client.collection_exists(name):
+            return DenseMatrix.build(nodes, np.zeros((len(nodes), dim), dtype=np.float32)), True
+        stored: Dict[str, Any] = {}
         offset = None
         while True:
             points, offset = self.client.scroll(
                 name, limit=SCROLL_PAGE, offset=offset, with_payload=False, with_vectors=[DENSE_VECTOR]
             )
             for point in points:
-                ids.append(str(point.id))
-                rows.append(point.vector[DENSE_VECTOR])
+                stored[str(point.id)] = point.vector[DENSE_VECTOR]
             if offset is None:
                 break
-        docs = self.docstore.docs
-        missing = [i for i in ids if i not in docs]
-        if missing:
-            raise RuntimeError(
-                f"{self.storage_dir}: {len(missing)} Qdrant point(s) have no node in the docstore (e.g. {missing[0]!r}); "
-                "the folder was changed outside HybridIndex. Rebuild it with from_documents(..., overwrite=True)"
+        missing = [n.node_id for n in nodes if n.node_id not in stored]
+        extra = len(stored) - (len(nodes) - len(missing))
+        vectors = np.zeros((len(nodes), dim), dtype=np.float32)
+        for row, node in enumerate(nodes):
+            vec = stored.get(node.node_id)
+            if vec is not None:
+                vectors[row] = vec
+        complete = not missing and not extra
+        if not complete:
+            # Seen only while a write is between its Qdrant and BM25 steps, or in a folder changed
+            # outside HybridIndex: answer with what is there and read again on the next query.
+            logger.warning(
+                "%s: Qdrant and BM25 disagree (%d chunk(s) without a vector, %d vector(s) without a chunk); "
+                "if no update is running, rebuild the folder with from_documents(..., overwrite=True)",
+                self.storage_dir,
+                len(missing),
+                extra,
             )
-        dim = self.config.get("embed_dim") or 1
-        vectors = np.asarray(rows, dtype=np.float32) if rows else np.zeros((0, dim), np.float32)
-        logger.debug("dense matrix: %d vectors read from Qdrant", len(ids))
-        return DenseMatrix.build([docs[i] for i in ids], vectors)
+        logger.debug("dense matrix: %d vectors read from Qdrant", len(stored))
+        return DenseMatrix.build(nodes, vectors), complete
 
     def as_query_engine(self, llm: Any = None, mode: str = "hybrid", similarity_top_k: int = 5, **kwargs: Any) -> Any:
         """A ``RetrieverQueryEngine`` over :meth:`as_retriever`; ``llm`` defaults to LlamaIndex's."""

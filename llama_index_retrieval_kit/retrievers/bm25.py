@@ -38,6 +38,7 @@ from llama_index.core.storage.docstore.utils import doc_to_json, json_to_doc
 from llama_index.core.vector_stores.types import MetadataFilters
 
 from .filters import metadata_matches, validate_filters
+from .node_copy import copy_node
 
 logging.getLogger("bm25s").setLevel(logging.WARNING)  # bm25s sets its own logger to DEBUG on import
 logger = logging.getLogger(__name__)
@@ -216,12 +217,8 @@ class _BM25Params:
 
 
 def _own_copy(node: BaseNode) -> BaseNode:
-    """A shallow copy of ``node`` with its own deep-copied metadata.
-
-    Cheap, and enough that neither the caller nor a downstream postprocessor can change the text
-    or the metadata (which filters read) of what the index holds.
-    """
-    return node.model_copy(update={"metadata": copy.deepcopy(node.metadata)})
+    """A copy of ``node`` that shares nothing mutable with the index (see ``copy_node``)."""
+    return copy_node(node)
 
 
 def _build_snapshot(nodes: Sequence[BaseNode], tokens: Sequence[Sequence[str]], params: _BM25Params) -> _Snapshot:
@@ -364,6 +361,7 @@ class BM25Retriever(BaseRetriever):
         self._metadata_mode = MetadataMode(metadata_mode)
         self._similarity_top_k = similarity_top_k
         self._filters = validate_filters(filters)
+        self._copy_results = True
         nodes = self._checked_copies(nodes)
         self._shared = _SharedIndex(_build_snapshot(nodes, [self._tokens_of(n) for n in nodes], self._params))
 
@@ -429,6 +427,7 @@ class BM25Retriever(BaseRetriever):
         """A view of this index with other metadata filters (None: unfiltered) and, optionally,
         another number of results; shares the index."""
         view = copy.copy(self)
+        view._copy_results = True
         view._filters = validate_filters(filters)
         if similarity_top_k is not None:
             _check_top_k(similarity_top_k)
@@ -441,6 +440,8 @@ class BM25Retriever(BaseRetriever):
         snapshot = self._shared.snapshot
         matches = _top_matches(snapshot, self._tokenize(query_bundle.query_str), self._similarity_top_k, self._filters)
         logger.debug("bm25 query %r: %d results", query_bundle.query_str[:80], len(matches))
+        if not self._copy_results:  # an internal leg whose fused results are copied later
+            return [NodeWithScore(node=snapshot.nodes[i], score=score) for i, score in matches]
         return [NodeWithScore(node=_own_copy(snapshot.nodes[i]), score=score) for i, score in matches]
 
     # ----- updates ----------------------------------------------------------------------------

@@ -9,7 +9,6 @@ vectors, cosine = dot product) and queries Qdrant itself when it runs as a serve
 
 from __future__ import annotations
 
-import copy
 import logging
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence, Tuple
@@ -21,6 +20,7 @@ from llama_index.core.schema import BaseNode, NodeWithScore, QueryBundle
 from llama_index.core.vector_stores.types import MetadataFilters
 
 from .filters import metadata_matches, validate_filters
+from .node_copy import copy_node
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +99,7 @@ class ExactDenseRetriever(BaseRetriever):
         self._embed_model = embed_model
         self._similarity_top_k = similarity_top_k
         self._filters = validate_filters(filters)
+        self._copy_results = True
 
     @property
     def similarity_top_k(self) -> int:
@@ -112,7 +113,6 @@ class ExactDenseRetriever(BaseRetriever):
                 query_bundle.embedding = self._embed_model.get_query_embedding(query_bundle.query_str)
         matrix = self._matrix()
         matches = top_dense_matches(matrix, query_bundle.embedding, self._similarity_top_k, self._filters)
-        return [
-            NodeWithScore(node=matrix.nodes[i].model_copy(update={"metadata": copy.deepcopy(matrix.nodes[i].metadata)}), score=s)
-            for i, s in matches
-        ]
+        if not self._copy_results:  # an internal leg whose fused results are copied later
+            return [NodeWithScore(node=matrix.nodes[i], score=s) for i, s in matches]
+        return [NodeWithScore(node=copy_node(matrix.nodes[i]), score=s) for i, s in matches]

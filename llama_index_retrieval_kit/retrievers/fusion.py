@@ -15,14 +15,16 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
 from llama_index.core.bridge.pydantic import Field
 from llama_index.core.schema import BaseNode, NodeWithScore
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_RRF_K = 60.0
+FUSION_MODES = ("rrf", "score")
 
 
 class FusedNodeWithScore(NodeWithScore):
@@ -118,7 +120,7 @@ def _fuse(
     names: List[str],
     weights: List[float],
     top_k: Optional[int],
-    score_fn: Callable[[_Candidate], float],
+    score_fn: Callable[[str, _Candidate], float],
 ) -> List[NodeWithScore]:
     """Score every candidate with ``score_fn`` and sort deterministically.
 
@@ -131,7 +133,7 @@ def _fuse(
     for node_id, candidate in candidates.items():
         weighted_ranks = [r for leg, r in candidate.leg_ranks.items() if weight_of[leg] > 0]
         best_weighted = min(weighted_ranks) if weighted_ranks else math.inf
-        score = score_fn(candidate)
+        score = score_fn(node_id, candidate)
         scored.append(((-score, best_weighted, node_id), score, candidate))
     scored.sort(key=lambda item: item[0])
     if top_k is not None:
@@ -183,7 +185,7 @@ def reciprocal_rank_fusion(
     leg_weights = check_weights(len(ranked_lists), weights)
     weight_of = dict(zip(legs, leg_weights))
 
-    def rrf_score(candidate: _Candidate) -> float:
+    def rrf_score(node_id: str, candidate: _Candidate) -> float:
         return math.fsum(weight_of[leg] / (k + rank) for leg, rank in candidate.leg_ranks.items())
 
     return _fuse(_collect(ranked_lists, legs), legs, leg_weights, top_k, rrf_score)
@@ -241,8 +243,74 @@ def score_fusion(
         values = min_max_normalise([float(s) for _, s in in_leg])  # type: ignore[arg-type]
         normalised[leg] = {node_id: v for (node_id, _), v in zip(in_leg, values)}
 
-    def convex_score(candidate: _Candidate) -> float:
-        node_id = candidate.node.node_id
+    def convex_score(node_id: str, candidate: _Candidate) -> float:
         return math.fsum(share[leg] * normalised[leg][node_id] for leg in candidate.leg_ranks)
 
     return _fuse(candidates, legs, leg_weights, top_k, convex_score)
+
+
+def fuse_positions(
+    legs: Sequence[Tuple[np.ndarray, np.ndarray]],
+    id_order: np.ndarray,
+    mode: str = "rrf",
+    k: float = DEFAULT_RRF_K,
+    weights: Optional[Sequence[float]] = None,
+    top_k: Optional[int] = None,
+) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Array form of :func:`reciprocal_rank_fusion` / :func:`score_fusion` for legs over one index.
+
+    Each leg is ``(positions, scores)``: distinct integer positions of nodes in a shared index,
+    best first, with their scores. ``id_order[p]`` is the rank of position ``p``'s node id among
+    all node ids, so ties break exactly as the object functions break them (by node id). For two
+    legs the fused scores are bit-identical to those functions (a sum of two terms is correctly
+    rounded either way); no node objects are touched, which is what makes it fast.
+
+    Returns ``(positions, fused_scores, ranks, scores)`` best first, cut to ``top_k``; ``ranks``
+    and ``scores`` have one row per leg (rank 0 and score NaN where the leg did not return it).
+    """
+    if mode not in FUSION_MODES:
+        raise ValueError(f"mode {mode!r} is not supported; use one of {FUSION_MODES}")
+    k = check_rrf_k(k)
+    _check_top_k(top_k)
+    leg_weights = check_weights(len(legs), weights)
+    pos_lists = [np.asarray(p, dtype=np.int64) for p, _ in legs]
+    score_lists = [np.asarray(s, dtype=np.float64) for _, s in legs]
+    for i, (p, s) in enumerate(zip(pos_lists, score_lists)):
+        if p.shape != s.shape or p.ndim != 1:
+            raise ValueError(f"leg {i}: positions {p.shape} and scores {s.shape} must be 1-D and the same length")
+        if len(np.unique(p)) != len(p):
+            raise ValueError(f"leg {i} returns a position twice; positions must be distinct")
+        if mode == "score" and not np.all(np.isfinite(s)):
+            raise ValueError(f"score fusion needs finite scores; leg {i} has {s[~np.isfinite(s)][:3].tolist()}")
+    candidates = np.unique(np.concatenate(pos_lists)) if pos_lists else np.zeros(0, np.int64)
+    n_legs, n = len(legs), len(candidates)
+    ranks = np.zeros((n_legs, n), dtype=np.int64)
+    raw = np.full((n_legs, n), np.nan)
+    for i, (p, s) in enumerate(zip(pos_lists, score_lists)):
+        at = np.searchsorted(candidates, p)
+        ranks[i, at] = np.arange(1, len(p) + 1)
+        raw[i, at] = s
+    fused = np.zeros(n)
+    if mode == "rrf":
+        for i, w in enumerate(leg_weights):
+            present = ranks[i] > 0
+            fused[present] += w / (k + ranks[i, present])
+    else:
+        total = math.fsum(leg_weights)
+        for i, w in enumerate(leg_weights):
+            present = ranks[i] > 0
+            if not present.any():
+                continue
+            values = raw[i, present]
+            low, high = values.min(), values.max()
+            norm = np.ones_like(values) if high == low else (values - low) / (high - low)
+            fused[present] += (w / total if total > 0 else 0.0) * norm
+    weighted = [i for i, w in enumerate(leg_weights) if w > 0]
+    best_rank = np.full(n, np.inf)
+    for i in weighted:
+        present = ranks[i] > 0
+        best_rank[present] = np.minimum(best_rank[present], ranks[i, present])
+    order = np.lexsort((np.asarray(id_order)[candidates], best_rank, -fused))
+    if top_k is not None:
+        order = order[:top_k]
+    return candidates[order], fused[order], ranks[:, order], raw[:, order]

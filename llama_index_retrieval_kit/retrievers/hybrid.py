@@ -10,11 +10,17 @@ from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.callbacks.base import CallbackManager
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
-from .fusion import DEFAULT_RRF_K, check_rrf_k, check_weights, leg_names, reciprocal_rank_fusion, score_fusion
+from .fusion import (
+    DEFAULT_RRF_K,
+    FUSION_MODES,
+    check_rrf_k,
+    check_weights,
+    leg_names,
+    reciprocal_rank_fusion,
+    score_fusion,
+)
 
 logger = logging.getLogger(__name__)
-
-FUSION_MODES = ("rrf", "score")
 
 
 def _check_depths(n_legs: int, candidate_top_k: Union[int, Sequence[int], None]) -> List[Optional[int]]:

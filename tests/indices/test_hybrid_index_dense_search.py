@@ -8,6 +8,8 @@ import pytest
 from llama_index.core.schema import QueryBundle
 
 from llama_index_retrieval_kit.indices import HybridIndex
+from llama_index_retrieval_kit.indices.fused_retriever import FusedIndexRetriever
+from llama_index_retrieval_kit.retrievers import HybridRetriever
 
 from . import _support
 
@@ -24,14 +26,36 @@ def test_memory_dense_search_ranks_like_qdrant(index: HybridIndex, bundles, top_
                 assert g.node.get_content() == w.node.get_content() and g.node.metadata == w.node.metadata
 
 
-def test_auto_uses_memory_in_local_mode_and_fused_modes_agree(index: HybridIndex, bundles) -> None:
-    auto = index.as_retriever("hybrid", similarity_top_k=10)
-    assert type(auto._retrievers[1]).__name__ == "ExactDenseRetriever"
-    qdrant = index.as_retriever("hybrid", similarity_top_k=10, dense_search="qdrant")
+@pytest.mark.parametrize("mode", ["hybrid", "hybrid_rrf"])
+def test_auto_uses_memory_in_local_mode_and_fused_modes_agree(index: HybridIndex, bundles, mode: str) -> None:
+    auto = index.as_retriever(mode, similarity_top_k=10)
+    assert isinstance(auto, FusedIndexRetriever)
+    qdrant = index.as_retriever(mode, similarity_top_k=10, dense_search="qdrant")
+    assert not isinstance(qdrant, FusedIndexRetriever)
     for qb in bundles[:10]:
         _support.assert_same_ranking(
             _support.ranking(auto.retrieve(qb)), _support.ranking(qdrant.retrieve(qb)), tol=1e-6, truncated=True
         )
+
+
+@pytest.mark.parametrize("fusion, mode", [("score", "hybrid_score"), ("rrf", "hybrid_rrf")])
+@pytest.mark.parametrize("top_k, depth, weights", [(10, 100, None), (5, 20, [0.7, 0.3]), (60, 60, [1.0, 0.0])])
+def test_array_fusion_equals_the_generic_hybrid_retriever(index: HybridIndex, bundles, fusion, mode, top_k, depth, weights) -> None:
+    """Same legs, fused by HybridRetriever on NodeWithScore objects: identical ids, order, scores, traces."""
+    fast = index.as_retriever(mode, similarity_top_k=top_k, candidate_top_k=depth, weights=weights)
+    generic = HybridRetriever(
+        [index.as_retriever("sparse", similarity_top_k=depth), index.as_retriever("dense", similarity_top_k=depth)],
+        names=["bm25", "dense"],
+        mode=fusion,
+        weights=weights,
+        similarity_top_k=top_k,
+    )
+    for qb in bundles:
+        got, want = fast.retrieve(qb), generic.retrieve(qb)
+        assert [r.node.node_id for r in got] == [r.node.node_id for r in want], qb.query_str
+        assert [r.score for r in got] == [r.score for r in want]
+        assert [r.leg_ranks for r in got] == [r.leg_ranks for r in want]
+        assert [r.leg_scores for r in got] == [r.leg_scores for r in want]
 
 
 def test_dense_matrix_follows_upserts_and_deletes(index: HybridIndex, embed_model) -> None:

@@ -109,3 +109,23 @@ def test_no_leg_and_no_mode_returns_a_node_outside_the_filter(
             assert len(ids) == min(top_k, len(matching)), f"{mode}: {len(ids)} of {len(matching)} matches"
             if top_k >= len(leaves):  # nothing cut: every leg's whole candidate list is visible here
                 assert set(ids) == matching, mode
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(filters=filters_st, query_index=st.integers(0, 37), fusion=st.sampled_from(["rrf", "score"]))
+def test_array_fusion_equals_generic_fusion_under_filters(filter_index: HybridIndex, filters, query_index, fusion) -> None:
+    from llama_index_retrieval_kit.retrievers import HybridRetriever
+
+    qb = _support.query_bundles()[query_index % 38]
+    fast = filter_index.as_retriever(f"hybrid_{fusion}", similarity_top_k=8, candidate_top_k=30, filters=filters)
+    generic = HybridRetriever(
+        [
+            filter_index.as_retriever("sparse", similarity_top_k=30, filters=filters),
+            filter_index.as_retriever("dense", similarity_top_k=30, filters=filters),
+        ],
+        names=["bm25", "dense"],
+        mode=fusion,
+        similarity_top_k=8,
+    )
+    got, want = fast.retrieve(qb), generic.retrieve(qb)
+    assert [(r.node.node_id, r.score, r.leg_ranks) for r in got] == [(r.node.node_id, r.score, r.leg_ranks) for r in want]

@@ -21,7 +21,7 @@ from llama_index_retrieval_kit.retrievers import FusedNodeWithScore
 from . import _support
 
 
-@pytest.mark.parametrize("mode", ["hybrid", "hybrid_score"])
+@pytest.mark.parametrize("mode", ["hybrid", "hybrid_score", "hybrid_rrf"])
 def test_fused_results_carry_each_legs_rank_and_score(index: HybridIndex, bundles, mode: str) -> None:
     for qb in bundles[:3]:
         legs = {
@@ -39,8 +39,10 @@ def test_fused_results_carry_each_legs_rank_and_score(index: HybridIndex, bundle
                     assert (r.leg_ranks[leg], r.leg_scores[leg]) == pytest.approx(rank_of[leg][r.node.node_id], abs=1e-12)
                 else:
                     assert leg not in r.leg_ranks
-            if mode == "hybrid":  # RRF, k = 60, ranks from 1
+            if mode == "hybrid_rrf":  # RRF, k = 60, ranks from 1
                 assert r.score == pytest.approx(math.fsum(1 / (60 + k) for k in r.leg_ranks.values()), abs=1e-15)
+            else:  # score fusion, equal weights: mean of the legs' min-max normalised scores
+                assert 0.0 <= r.score <= 1.0
         assert [r.score for r in results] == sorted((r.score for r in results), reverse=True)
 
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 import math
 from typing import Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from llama_index.core.schema import NodeWithScore, TextNode
 
 from llama_index_retrieval_kit.retrievers import FusedNodeWithScore, reciprocal_rank_fusion, score_fusion
+from llama_index_retrieval_kit.retrievers.fusion import fuse_positions
 
 POOL = {name: TextNode(id_=name, text=f"text of {name}") for name in "abcdefghij"}
 
@@ -202,3 +204,49 @@ def test_rrf_scores_follow_the_formula(lw: Tuple[List[List[str]], List[float]], 
         assert r.score == expected[r.node.node_id]
         assert r.leg_ranks == {f"leg{n}": ids.index(r.node.node_id) + 1 for n, ids in enumerate(legs) if r.node.node_id in ids}
     assert [r.score for r in fused] == sorted(expected.values(), reverse=True)[: len(fused)]
+
+
+# ----- array form ---------------------------------------------------------------------------------
+
+score_st = st.floats(min_value=-50, max_value=50, allow_nan=False).map(lambda x: round(x, 2))  # ties likely
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    legs=st.lists(leg_st, min_size=2, max_size=2),
+    weights=st.lists(weight_st, min_size=2, max_size=2),
+    k=st.floats(min_value=0, max_value=200),
+    top_k=st.none() | st.integers(1, 12),
+    mode=st.sampled_from(["rrf", "score"]),
+    data=st.data(),
+)
+def test_fuse_positions_equals_the_object_functions(legs, weights, k, top_k, mode, data) -> None:
+    """Two legs over one index: the array form gives the same ids, order, scores and traces."""
+    scored = [sorted(data.draw(st.lists(score_st, min_size=len(ids), max_size=len(ids))), reverse=True) for ids in legs]
+    objects = [leg(*ids, scores=s) for ids, s in zip(legs, scored)]
+    if mode == "rrf":
+        want = reciprocal_rank_fusion(objects, k=k, weights=weights, top_k=top_k, names=["a", "b"])
+    else:
+        want = score_fusion(objects, weights=weights, top_k=top_k, names=["a", "b"])
+    id_order = np.arange(len(IDS))  # IDS are sorted, so position order is node-id order
+    arrays = [(np.array([IDS.index(i) for i in ids], dtype=np.int64), np.array(s, dtype=np.float64)) for ids, s in zip(legs, scored)]
+    positions, fused, ranks, raw = fuse_positions(arrays, id_order, mode=mode, k=k, weights=weights, top_k=top_k)
+    assert [IDS[p] for p in positions] == [r.node.node_id for r in want]
+    assert fused.tolist() == [r.score for r in want]
+    for j, r in enumerate(want):
+        assert {name: int(ranks[i, j]) for i, name in enumerate("ab") if ranks[i, j] > 0} == r.leg_ranks
+        assert {name: float(raw[i, j]) for i, name in enumerate("ab") if ranks[i, j] > 0} == r.leg_scores
+
+
+def test_fuse_positions_rejects_bad_legs() -> None:
+    order = np.arange(4)
+    with pytest.raises(ValueError, match="position twice"):
+        fuse_positions([(np.array([1, 1]), np.array([2.0, 1.0])), (np.array([0]), np.array([1.0]))], order)
+    with pytest.raises(ValueError, match="same length"):
+        fuse_positions([(np.array([1, 2]), np.array([2.0])), (np.array([0]), np.array([1.0]))], order)
+    with pytest.raises(ValueError, match="finite scores"):
+        fuse_positions([(np.array([1]), np.array([np.inf])), (np.array([0]), np.array([1.0]))], order, mode="score")
+    with pytest.raises(ValueError, match="mode 'max'"):
+        fuse_positions([(np.array([1]), np.array([1.0]))], order, mode="max")
+    empty = fuse_positions([(np.zeros(0, np.int64), np.zeros(0)), (np.zeros(0, np.int64), np.zeros(0))], order)
+    assert all(len(a) == 0 or a.shape[-1] == 0 for a in empty)

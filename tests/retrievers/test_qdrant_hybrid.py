@@ -173,7 +173,7 @@ def test_qdrant_hybrid_and_hybrid_agree_on_every_sample_question(qindex: HybridI
     strict = 0
     for qb in bundles:
         native = qindex.as_retriever("qdrant_hybrid", similarity_top_k=ALL).retrieve(qb)
-        ours = qindex.as_retriever("hybrid", similarity_top_k=ALL).retrieve(qb)
+        ours = qindex.as_retriever("hybrid_rrf", similarity_top_k=ALL).retrieve(qb)
         native_scores = {r.node.node_id: r.score for r in native}
         our_scores = {r.node.node_id: r.score for r in ours}
         assert len(native_scores) == len(native) and native_scores.keys() == our_scores.keys(), qb.query_str
@@ -196,7 +196,7 @@ def test_equal_candidate_depth_gives_equal_fusion(qindex: HybridIndex, bundles, 
         if leg_ties(qindex, qb):
             continue
         native = qindex.as_retriever("qdrant_hybrid", similarity_top_k=depth, candidate_top_k=depth).retrieve(qb)
-        ours = qindex.as_retriever("hybrid", similarity_top_k=depth, candidate_top_k=depth).retrieve(qb)
+        ours = qindex.as_retriever("hybrid_rrf", similarity_top_k=depth, candidate_top_k=depth).retrieve(qb)
         _support.assert_same_ranking(_support.ranking(native), _support.ranking(ours), tol=1e-9, truncated=True)
         assert all(isinstance(r, FusedNodeWithScore) and max(r.leg_ranks.values()) <= depth for r in ours)
 
@@ -216,6 +216,6 @@ def test_query_of_stopwords_only_uses_the_dense_leg_in_both(qindex: HybridIndex,
     assert qindex.bm25.tokenize(query) == []
     qb = QueryBundle(query, embedding=embed_model.get_query_embedding(query))
     native = qindex.as_retriever("qdrant_hybrid", similarity_top_k=5).retrieve(qb)
-    ours = qindex.as_retriever("hybrid", similarity_top_k=5).retrieve(qb)
+    ours = qindex.as_retriever("hybrid_rrf", similarity_top_k=5).retrieve(qb)
     _support.assert_same_ranking(_support.ranking(native), _support.ranking(ours), tol=1e-9, truncated=True)
     assert all(set(r.leg_ranks) == {"dense"} for r in ours)

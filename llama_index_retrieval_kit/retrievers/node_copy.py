@@ -1,0 +1,37 @@
+"""Copies of index nodes handed to callers: cheap, and deep enough to protect the index."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from llama_index.core.schema import BaseNode
+
+_IMMUTABLE = (str, int, float, bool, bytes, type(None))
+
+
+def copy_metadata(value: Any) -> Any:
+    """A copy of a metadata value: containers copied recursively, immutable scalars shared.
+
+    Chunk metadata is flat JSON (strings, numbers, short lists); this is several times faster
+    than ``copy.deepcopy`` on it and falls back to ``deepcopy`` for anything else.
+    """
+    if isinstance(value, _IMMUTABLE):
+        return value
+    if type(value) is dict:
+        return {k: copy_metadata(v) for k, v in value.items()}
+    if type(value) is list:
+        return [copy_metadata(v) for v in value]
+    if type(value) is tuple:
+        return tuple(copy_metadata(v) for v in value)
+    return copy.deepcopy(value)
+
+
+def copy_node(node: BaseNode) -> BaseNode:
+    """A shallow copy of ``node`` with its own copy of the metadata.
+
+    Enough that neither the caller nor a downstream postprocessor can change the text (strings
+    are immutable; assigning ``node.text`` rebinds the copy's field) or the metadata (which
+    filters read) of what the index holds.
+    """
+    return node.model_copy(update={"metadata": copy_metadata(node.metadata)})
