@@ -22,8 +22,8 @@ Rows, all built and queried in the same process on the same Documents (title + "
 Evaluation is at document level: a chunk counts for its ``doc_id``, a document takes its best
 chunk's score (max-score aggregation), and every system retrieves enough chunks to fill 100
 documents. Metrics: nDCG@10, Recall@100, MRR@10 (trec_eval definitions, the package's
-``evaluate_run``). Latency: one query at a time, after a warm-up, systems interleaved query by
-query so that load from other processes hits them alike; the "floor" row is the query embedding
+``evaluate_run``). Latency: one query at a time, after a warm-up, in rounds of 50 queries that
+each system answers back to back, the order of systems rotating per round (see ``measure``); the "floor" row is the query embedding
 plus our BM25 leg measured on the same queries. Build: wall time and docs/s of each index over the
 whole corpus with vectors from the embedding cache, and a cold build (empty cache, embedding
 included) of the first ``--subset-docs`` documents by LlamaIndex's VectorStoreIndex and by our
@@ -642,6 +642,13 @@ def cold_builds(
         client.close()
         record("LlamaIndex VectorStoreIndex.from_documents (defaults)", seconds, n, mem.delta_mb,
                "default SentenceSplitter(1024/200): other chunks, for reference")
+        # The floor: only the model's forward passes over the same chunk texts, longest first in
+        # batches of 64 (sentence-transformers' encode, no index, no cache, no LlamaIndex).
+        texts = [C.embed_text_of(n) for n in C.our_parser(params["chunk_size"], params["chunk_overlap"]).get_nodes_from_documents(C.our_documents(corpus, ids))]
+        t0 = time.perf_counter()
+        embed_model._model.encode(sorted(texts, key=len, reverse=True), batch_size=64, normalize_embeddings=True)
+        record("embedding only (model forward passes, same chunks)", time.perf_counter() - t0, len(texts), float("nan"),
+               "SentenceTransformer.encode, batch 64, length-sorted: the floor for any index build")
         print(f"  cold build repeat {rep + 1}/{repeats}: " + ", ".join(f"{r['system']}: {r['times'][-1]:.1f}s" for r in rows.values()), flush=True)
 
     common = sorted(set(li_vectors) & set(our_vectors))
@@ -672,10 +679,17 @@ def cold_builds(
     return out
 
 
-def measure(systems: List[System], extra: Dict[str, Callable[[str], Any]], queries: Dict[str, str], warmup: int) -> Dict[str, List[float]]:
-    """Every system answers every query, one query at a time; the order of systems rotates per query.
+def measure(
+    systems: List[System], extra: Dict[str, Callable[[str], Any]], queries: Dict[str, str], warmup: int, round_size: int = 50
+) -> Dict[str, List[float]]:
+    """Every system answers every query, one query at a time, in rounds.
 
-    ``extra`` are timed-only probes (query embedding, BM25 leg, ...), run in the same rotation.
+    In each round of ``round_size`` queries every system (and every timed-only probe in ``extra``:
+    query embedding, BM25 leg, ...) answers the round's queries back to back, and the order of
+    systems rotates from round to round. Back to back, as a user's process runs one retriever:
+    interleaving systems query by query lets one engine's idle worker threads (PyTorch's OpenMP
+    pool spins after each call) slow the next system down. Rotating rounds still spreads load
+    from other processes evenly over the systems.
     """
     items: List[Tuple[str, Callable[[str], Any], Optional[System]]] = [(s.name, s.retrieve, s) for s in systems]
     items += [(name, fn, None) for name, fn in extra.items()]
@@ -684,21 +698,25 @@ def measure(systems: List[System], extra: Dict[str, Callable[[str], Any]], queri
         for _, fn, _ in items:
             fn(text)
     probe_times: Dict[str, List[float]] = {name: [] for name in extra}
-    for qi, (qid, text) in enumerate(qlist):
-        shift = qi % len(items)
+    rounds = [qlist[i : i + round_size] for i in range(0, len(qlist), round_size)]
+    done = 0
+    for ri, chunk in enumerate(rounds):
+        shift = ri % len(items)
         for name, fn, system in items[shift:] + items[:shift]:
-            t0 = time.perf_counter()
-            out = fn(text)
-            elapsed = time.perf_counter() - t0
-            if system is None:
-                probe_times[name].append(elapsed)
-                continue
-            system.times.append(elapsed)
-            docs = C.docs_from_chunks(((C.node_doc_id(r.node), r.score) for r in out), 100)
-            system.short += len(docs) < 100
-            system.run[qid] = docs
-        if (qi + 1) % 50 == 0:
-            print(f"  {qi + 1}/{len(qlist)} queries", flush=True)
+            fn(chunk[0][1])  # one untimed call after switching systems
+            for qid, text in chunk:
+                t0 = time.perf_counter()
+                out = fn(text)
+                elapsed = time.perf_counter() - t0
+                if system is None:
+                    probe_times[name].append(elapsed)
+                    continue
+                system.times.append(elapsed)
+                docs = C.docs_from_chunks(((C.node_doc_id(r.node), r.score) for r in out), 100)
+                system.short += len(docs) < 100
+                system.run[qid] = docs
+        done += len(chunk)
+        print(f"  {done}/{len(qlist)} queries", flush=True)
     return probe_times
 
 
@@ -777,7 +795,7 @@ def run_benchmark(args: argparse.Namespace) -> List[Dict[str, Any]]:
         "numpy dense top-k, embedding given": numpy_dense,
     }
     systems = li_systems + our_systems
-    probe_times = measure(systems, probes, queries, args.warmup)
+    probe_times = measure(systems, probes, queries, args.warmup, args.round_size)
     print(f"[{name}] queries done ({time.perf_counter() - t_start:.0f}s)", flush=True)
 
     rows: List[Dict[str, Any]] = []
@@ -886,6 +904,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--limit-queries", type=int, default=None, help="first N queries only (quick runs)")
     ap.add_argument("--limit-docs", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--warmup", type=int, default=10, help="queries run once through every system before timing")
+    ap.add_argument("--round-size", type=int, default=50, help="queries each system answers back to back per round")
     ap.add_argument("--subset-docs", type=int, default=500, help="documents for the cold build comparison (0: skip)")
     ap.add_argument("--build-repeats", type=int, default=2, help="cold builds per system (best is reported)")
     ap.add_argument("--llama-depth", type=int, default=130, help="similarity_top_k of the LlamaIndex rows")

@@ -108,15 +108,16 @@ class FusedIndexRetriever(BaseRetriever):
         positions, fused, ranks, raw = fuse_positions(
             legs, snapshot.tie_order, mode=self._mode, k=self._rrf_k, weights=self._weights, top_k=self._similarity_top_k
         )
+        nodes = snapshot.nodes
         out: List[NodeWithScore] = []
-        for j, pos in enumerate(positions.tolist()):
-            present = [i for i in range(len(LEG_NAMES)) if ranks[i, j] > 0]
+        for pos, score, leg_ranks, leg_raw in zip(positions.tolist(), fused.tolist(), ranks.T.tolist(), raw.T.tolist()):
+            present = [i for i, rank in enumerate(leg_ranks) if rank > 0]
             out.append(
                 FusedNodeWithScore(
-                    node=copy_node(snapshot.nodes[pos]),
-                    score=float(fused[j]),
-                    leg_ranks={LEG_NAMES[i]: int(ranks[i, j]) for i in present},
-                    leg_scores={LEG_NAMES[i]: float(raw[i, j]) for i in present},
+                    node=copy_node(nodes[pos]),
+                    score=score,
+                    leg_ranks={LEG_NAMES[i]: leg_ranks[i] for i in present},
+                    leg_scores={LEG_NAMES[i]: leg_raw[i] for i in present},
                 )
             )
         logger.debug("fused %d bm25 + %d dense candidates into %d results", len(sparse), len(dense), len(out))
