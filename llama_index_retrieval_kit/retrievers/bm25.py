@@ -283,6 +283,10 @@ def _top_matches(
             count=candidates.size,
         )
         candidates = candidates[keep]
+    if candidates.size > top_k:
+        # Keep only scores >= the top_k-th best (ties at the cut included), then sort those.
+        cut = np.partition(scores[candidates], candidates.size - top_k)[candidates.size - top_k]
+        candidates = candidates[scores[candidates] >= cut]
     order = np.lexsort((snapshot.tie_order[candidates], -scores[candidates]))[:top_k]
     return [(int(candidates[i]), float(scores[candidates[i]])) for i in order]
 
