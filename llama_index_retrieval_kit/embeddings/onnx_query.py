@@ -192,7 +192,7 @@ class FastHuggingFaceEmbedding(HuggingFaceEmbedding):
 
     # ------------------------------------------------------------------ query path
     def _get_query_embedding(self, query: str) -> List[float]:
-        if self.query_backend == "onnx" and self._ensure_onnx():
+        if self.onnx_active:
             return self._onnx_embed([query], prompt_name="query")[0].tolist()
         return super()._get_query_embedding(query)
 
@@ -258,11 +258,10 @@ class FastHuggingFaceEmbedding(HuggingFaceEmbedding):
         forward_params = set(inspect.signature(auto_model.forward).parameters)
         self._input_names = [n for n in ("input_ids", "attention_mask", "token_type_ids") if n in sample and n in forward_params]
 
-        import onnxruntime
         import torch
 
         key = weights_fingerprint(
-            auto_model, extra=f"{type(auto_model).__name__}|{torch.__version__}|{onnxruntime.__version__}|{self._input_names}|fused-v1"
+            auto_model, extra=f"{type(auto_model).__name__}|{torch.__version__}|{ort.__version__}|{self._input_names}|fused-v1"
         )
         path = Path(self.onnx_cache_dir or default_cache_dir()) / "onnx" / key / "model.onnx"
         if not path.exists():
@@ -277,7 +276,7 @@ class FastHuggingFaceEmbedding(HuggingFaceEmbedding):
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.add_session_config_entry("session.inter_op.allow_spinning", "0")
         self._session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        # Check against PyTorch, one text at a time (the way queries arrive) and as a batch.
+        # Check against PyTorch (batched there), one text at a time here: the way queries arrive.
         expected = np.asarray(super()._embed(list(_PROBES), prompt_name="query"), dtype=np.float32)
         got = np.vstack([self._onnx_embed([t], prompt_name="query") for t in _PROBES])
         worst = float(np.abs(got - expected).max())

@@ -20,7 +20,7 @@ from llama_index.core.callbacks.base import CallbackManager
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from ..retrievers.bm25 import BM25Retriever, _top_matches
-from ..retrievers.exact_dense import DenseMatrix, top_dense_matches
+from ..retrievers.exact_dense import DenseMatrix, query_embedding, top_dense_matches
 from ..retrievers.fusion import (
     DEFAULT_RRF_K,
     FUSION_MODES,
@@ -93,14 +93,10 @@ class FusedIndexRetriever(BaseRetriever):
     def _retrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
         snapshot = self._bm25._shared.snapshot
         matrix = self._dense_matrix(snapshot)
-        if query_bundle.embedding is None:
-            if query_bundle.embedding_strs:
-                query_bundle.embedding = self._embed_model.get_agg_embedding_from_queries(query_bundle.embedding_strs)
-            else:
-                query_bundle.embedding = self._embed_model.get_query_embedding(query_bundle.query_str)
+        embedding = query_embedding(query_bundle, self._embed_model)
         filters = self._bm25.filters
         sparse = _top_matches(snapshot, self._bm25.tokenize(query_bundle.query_str), self._depth, filters)
-        dense = top_dense_matches(matrix, query_bundle.embedding, self._depth, filters)
+        dense = top_dense_matches(matrix, embedding, self._depth, filters)
         legs = [
             (np.fromiter((p for p, _ in hits), dtype=np.int64, count=len(hits)), np.fromiter((s for _, s in hits), dtype=np.float64, count=len(hits)))
             for hits in (sparse, dense)

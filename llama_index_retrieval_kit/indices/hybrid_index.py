@@ -44,7 +44,6 @@ from ..models import DEFAULT_EMBED_MODEL, default_embed_model, embed_model_name
 from ..node_parser import SectionHierarchyNodeParser, SectionWindowNodeParser
 from ..retrievers.bm25 import BM25Retriever, BM25TokenizerConfig
 from ..retrievers.exact_dense import DenseMatrix, ExactDenseRetriever
-from ..retrievers.node_copy import copy_node
 from ..retrievers.hybrid import HybridRetriever
 from ..retrievers.qdrant_hybrid import (
     DENSE_VECTOR,
@@ -53,7 +52,7 @@ from ..retrievers.qdrant_hybrid import (
     bm25_doc_vector,
     sparse_vectors_config,
 )
-from .embedding_cache import EmbeddingCache, embed_texts, model_key
+from .embedding_cache import EmbeddingCache, embed_texts
 from .fused_retriever import FusedIndexRetriever
 
 logger = logging.getLogger(__name__)
@@ -111,20 +110,6 @@ class _SyncDenseRetriever(VectorIndexRetriever):
 
     async def _aretrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
         return self._retrieve(query_bundle)
-
-
-class _CopyingHybridRetriever(HybridRetriever):
-    """A HybridRetriever over legs that return the index's own nodes: copies the fused results.
-
-    The legs of an index retriever skip per-candidate copies (a few microseconds each, hundreds
-    per query); only the ``similarity_top_k`` results that reach the caller are copied.
-    """
-
-    def _fuse(self, leg_results: Sequence[Sequence[NodeWithScore]]) -> List[NodeWithScore]:
-        fused = super()._fuse(leg_results)
-        for result in fused:
-            result.node = copy_node(result.node)
-        return fused
 
 
 class HybridIndex:
@@ -558,10 +543,7 @@ class HybridIndex:
                 **kwargs,
             )
         legs = [self._bm25_view(filters, depth), self._dense_retriever(filters, depth, dense_search)]
-        for leg in legs:
-            if hasattr(leg, "_copy_results"):
-                leg._copy_results = False  # _CopyingHybridRetriever copies what it returns
-        return _CopyingHybridRetriever(
+        return HybridRetriever(
             legs,
             names=["bm25", "dense"],
             mode=fusion,
@@ -578,8 +560,6 @@ class HybridIndex:
         return self.bm25.with_filters(filters, similarity_top_k=top_k)
 
     def _dense_retriever(self, filters: Optional[MetadataFilters], top_k: int, dense_search: str = "auto") -> BaseRetriever:
-        if dense_search not in DENSE_SEARCH:
-            raise ValueError(f"unknown dense_search {dense_search!r}; choose one of {', '.join(DENSE_SEARCH)}")
         if self._dense_in_memory(dense_search):
             return ExactDenseRetriever(self.dense_matrix, self.embed_model, similarity_top_k=top_k, filters=filters)
         index = VectorStoreIndex.from_vector_store(self.vector_store, embed_model=self.embed_model)

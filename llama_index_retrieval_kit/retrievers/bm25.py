@@ -216,11 +216,6 @@ class _BM25Params:
     method: str
 
 
-def _own_copy(node: BaseNode) -> BaseNode:
-    """A copy of ``node`` that shares nothing mutable with the index (see ``copy_node``)."""
-    return copy_node(node)
-
-
 def _build_snapshot(nodes: Sequence[BaseNode], tokens: Sequence[Sequence[str]], params: _BM25Params) -> _Snapshot:
     """Index ``nodes`` (already tokenized as ``tokens``) with bm25s."""
     bm25: Optional[bm25s.BM25] = None
@@ -365,7 +360,6 @@ class BM25Retriever(BaseRetriever):
         self._metadata_mode = MetadataMode(metadata_mode)
         self._similarity_top_k = similarity_top_k
         self._filters = validate_filters(filters)
-        self._copy_results = True
         nodes = self._checked_copies(nodes)
         self._shared = _SharedIndex(_build_snapshot(nodes, [self._tokens_of(n) for n in nodes], self._params))
 
@@ -416,7 +410,7 @@ class BM25Retriever(BaseRetriever):
     @property
     def nodes(self) -> List[BaseNode]:
         """Copies of the indexed nodes, in index order."""
-        return [_own_copy(n) for n in self._shared.snapshot.nodes]
+        return [copy_node(n) for n in self._shared.snapshot.nodes]
 
     def __len__(self) -> int:
         return len(self._shared.snapshot.nodes)
@@ -431,7 +425,6 @@ class BM25Retriever(BaseRetriever):
         """A view of this index with other metadata filters (None: unfiltered) and, optionally,
         another number of results; shares the index."""
         view = copy.copy(self)
-        view._copy_results = True
         view._filters = validate_filters(filters)
         if similarity_top_k is not None:
             _check_top_k(similarity_top_k)
@@ -444,9 +437,7 @@ class BM25Retriever(BaseRetriever):
         snapshot = self._shared.snapshot
         matches = _top_matches(snapshot, self._tokenize(query_bundle.query_str), self._similarity_top_k, self._filters)
         logger.debug("bm25 query %r: %d results", query_bundle.query_str[:80], len(matches))
-        if not self._copy_results:  # an internal leg whose fused results are copied later
-            return [NodeWithScore(node=snapshot.nodes[i], score=score) for i, score in matches]
-        return [NodeWithScore(node=_own_copy(snapshot.nodes[i]), score=score) for i, score in matches]
+        return [NodeWithScore(node=copy_node(snapshot.nodes[i]), score=score) for i, score in matches]
 
     # ----- updates ----------------------------------------------------------------------------
 
@@ -501,7 +492,7 @@ class BM25Retriever(BaseRetriever):
         if bad:
             raise ValueError(f"nodes must be llama_index BaseNode objects, got {sorted(set(bad))}")
         _check_unique_ids(nodes)
-        return [_own_copy(n) for n in nodes]
+        return [copy_node(n) for n in nodes]
 
     # ----- persistence ------------------------------------------------------------------------
 

@@ -76,6 +76,17 @@ def top_dense_matches(
     return hits
 
 
+def query_embedding(query_bundle: QueryBundle, embed_model: BaseEmbedding) -> List[float]:
+    """The bundle's embedding, computed and stored on it first if missing (as LlamaIndex's
+    ``VectorIndexRetriever`` does, so later legs and stages reuse it)."""
+    if query_bundle.embedding is None:
+        if query_bundle.embedding_strs:
+            query_bundle.embedding = embed_model.get_agg_embedding_from_queries(query_bundle.embedding_strs)
+        else:
+            query_bundle.embedding = embed_model.get_query_embedding(query_bundle.query_str)
+    return query_bundle.embedding
+
+
 class ExactDenseRetriever(BaseRetriever):
     """Dense retriever: exact cosine top-k over a :class:`DenseMatrix`, with metadata filters.
 
@@ -99,20 +110,13 @@ class ExactDenseRetriever(BaseRetriever):
         self._embed_model = embed_model
         self._similarity_top_k = similarity_top_k
         self._filters = validate_filters(filters)
-        self._copy_results = True
 
     @property
     def similarity_top_k(self) -> int:
         return self._similarity_top_k
 
     def _retrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
-        if query_bundle.embedding is None:
-            if query_bundle.embedding_strs:
-                query_bundle.embedding = self._embed_model.get_agg_embedding_from_queries(query_bundle.embedding_strs)
-            else:
-                query_bundle.embedding = self._embed_model.get_query_embedding(query_bundle.query_str)
+        embedding = query_embedding(query_bundle, self._embed_model)
         matrix = self._matrix()
-        matches = top_dense_matches(matrix, query_bundle.embedding, self._similarity_top_k, self._filters)
-        if not self._copy_results:  # an internal leg whose fused results are copied later
-            return [NodeWithScore(node=matrix.nodes[i], score=s) for i, s in matches]
+        matches = top_dense_matches(matrix, embedding, self._similarity_top_k, self._filters)
         return [NodeWithScore(node=copy_node(matrix.nodes[i]), score=s) for i, s in matches]
