@@ -19,15 +19,15 @@ from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.callbacks.base import CallbackManager
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
-from ..retrievers.bm25 import BM25Retriever, _top_matches
-from ..retrievers.exact_dense import DenseMatrix, query_embedding, top_dense_matches
+from ..retrievers.bm25 import BM25Retriever, top_bm25_positions
+from ..retrievers.exact_dense import DenseMatrix, query_embedding, top_dense_positions
 from ..retrievers.fusion import (
     DEFAULT_RRF_K,
     FUSION_MODES,
     FusedNodeWithScore,
     check_rrf_k,
     check_weights,
-    fuse_positions,
+    fuse_checked_positions,
 )
 from ..retrievers.node_copy import copy_node
 
@@ -95,14 +95,11 @@ class FusedIndexRetriever(BaseRetriever):
         matrix = self._dense_matrix(snapshot)
         embedding = query_embedding(query_bundle, self._embed_model)
         filters = self._bm25.filters
-        sparse = _top_matches(snapshot, self._bm25.tokenize(query_bundle.query_str), self._depth, filters)
-        dense = top_dense_matches(matrix, embedding, self._depth, filters)
-        legs = [
-            (np.fromiter((p for p, _ in hits), dtype=np.int64, count=len(hits)), np.fromiter((s for _, s in hits), dtype=np.float64, count=len(hits)))
-            for hits in (sparse, dense)
-        ]
-        positions, fused, ranks, raw = fuse_positions(
-            legs, snapshot.tie_order, mode=self._mode, k=self._rrf_k, weights=self._weights, top_k=self._similarity_top_k
+        sparse = top_bm25_positions(snapshot, self._bm25.tokenize(query_bundle.query_str), self._depth, filters)
+        rows, similarities = top_dense_positions(matrix, embedding, self._depth, filters)
+        dense = (rows, similarities.astype(np.float64))
+        positions, fused, ranks, raw = fuse_checked_positions(
+            [sparse, dense], snapshot.tie_order, self._mode, self._rrf_k, self._weights, self._similarity_top_k
         )
         nodes = snapshot.nodes
         out: List[NodeWithScore] = []
@@ -116,5 +113,5 @@ class FusedIndexRetriever(BaseRetriever):
                     leg_scores={LEG_NAMES[i]: leg_raw[i] for i in present},
                 )
             )
-        logger.debug("fused %d bm25 + %d dense candidates into %d results", len(sparse), len(dense), len(out))
+        logger.debug("fused %d bm25 + %d dense candidates into %d results", len(sparse[0]), len(rows), len(out))
         return out

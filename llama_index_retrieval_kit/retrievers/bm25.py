@@ -249,28 +249,32 @@ def _check_unique_ids(nodes: Sequence[BaseNode]) -> None:
         raise ValueError(f"node ids must be unique within one call; duplicated: {sorted(duplicates)[:10]!r}")
 
 
-def _top_matches(
+def top_bm25_positions(
     snapshot: _Snapshot,
     query_tokens: Sequence[str],
     top_k: int,
     filters: Optional[MetadataFilters] = None,
-) -> List[Tuple[int, float]]:
-    """The best ``top_k`` (node position, raw BM25 score) pairs for a tokenized query.
+) -> Tuple[np.ndarray, np.ndarray]:
+    """The best ``top_k`` node positions and raw BM25 scores for a tokenized query, as arrays.
 
     Every document sharing a query term is scored; those with score <= 0 or failing ``filters``
     are dropped; the rest are sorted by score (high first), then node id, and cut to ``top_k``.
+    Returns ``(positions int64, scores float64)``, best first.
     """
     bm25 = snapshot.bm25
-    if bm25 is None:
-        return []
-    term_ids = [bm25.vocab_dict[t] for t in query_tokens if t in bm25.vocab_dict]
+    term_ids = [] if bm25 is None else [bm25.vocab_dict[t] for t in query_tokens if t in bm25.vocab_dict]
     if not term_ids:
-        return []
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
     scores = bm25.get_scores_from_ids(term_ids)
-    indptr, indices = bm25.scores["indptr"], bm25.scores["indices"]
-    postings = [indices[indptr[t] : indptr[t + 1]] for t in sorted(set(term_ids))]
-    candidates = np.unique(np.concatenate(postings))
-    candidates = candidates[scores[candidates] > 0]
+    if bm25.nonoccurrence_array is None:
+        # A document without any query term scores exactly 0 here, so positive = matching.
+        candidates = np.flatnonzero(scores > 0)
+    else:
+        # BM25L / BM25+ give every document a base score: matches are the query terms' postings.
+        indptr, indices = bm25.scores["indptr"], bm25.scores["indices"]
+        postings = [indices[indptr[t] : indptr[t + 1]] for t in sorted(set(term_ids))]
+        candidates = np.unique(np.concatenate(postings))
+        candidates = candidates[scores[candidates] > 0]
     if filters is not None and candidates.size:
         keep = np.fromiter(
             (metadata_matches(snapshot.nodes[i].metadata, filters) for i in candidates),
@@ -282,8 +286,19 @@ def _top_matches(
         # Keep only scores >= the top_k-th best (ties at the cut included), then sort those.
         cut = np.partition(scores[candidates], candidates.size - top_k)[candidates.size - top_k]
         candidates = candidates[scores[candidates] >= cut]
-    order = np.lexsort((snapshot.tie_order[candidates], -scores[candidates]))[:top_k]
-    return [(int(candidates[i]), float(scores[candidates[i]])) for i in order]
+    best = candidates[np.lexsort((snapshot.tie_order[candidates], -scores[candidates]))[:top_k]]
+    return best.astype(np.int64, copy=False), scores[best].astype(np.float64)
+
+
+def _top_matches(
+    snapshot: _Snapshot,
+    query_tokens: Sequence[str],
+    top_k: int,
+    filters: Optional[MetadataFilters] = None,
+) -> List[Tuple[int, float]]:
+    """:func:`top_bm25_positions` as a list of (node position, raw BM25 score) pairs."""
+    positions, scores = top_bm25_positions(snapshot, query_tokens, top_k, filters)
+    return list(zip(positions.tolist(), scores.tolist()))
 
 
 def _check_params(k1: float, b: float, method: str, similarity_top_k: int) -> None:

@@ -45,35 +45,45 @@ class DenseMatrix:
         return len(self.nodes)
 
 
-def top_dense_matches(
+def top_dense_positions(
     matrix: DenseMatrix, query: Sequence[float], top_k: int, filters: Optional[MetadataFilters] = None
-) -> List[Tuple[int, float]]:
-    """The ``top_k`` (row, cosine similarity) pairs for ``query``, best first, passing ``filters``.
+) -> Tuple[np.ndarray, np.ndarray]:
+    """The ``top_k`` rows and cosine similarities for ``query``, best first, passing ``filters``.
 
     Without filters: one matrix-vector product and a partial sort. With filters: rows are visited
     in score order and checked until ``top_k`` pass, so the answer is exact however selective the
-    filter is (a highly selective filter costs up to one check per row).
+    filter is (a highly selective filter costs up to one check per row). Returns
+    ``(rows int64, similarities float32)``.
     """
     n = len(matrix)
     if n == 0:
-        return []
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
     q = np.asarray(query, dtype=np.float32)
-    norm = float(np.linalg.norm(q))
     if q.shape != (matrix.vectors.shape[1],):
         raise ValueError(f"query vector has shape {q.shape}; the index holds {matrix.vectors.shape[1]}-dimensional vectors")
+    norm = float(np.linalg.norm(q))
     scores = matrix.vectors @ (q / norm if norm > 0 else q)
     if filters is None:
         k = min(top_k, n)
         head = np.argpartition(-scores, k - 1)[:k] if k < n else np.arange(n)
-        order = head[np.argsort(-scores[head], kind="stable")]
-        return [(int(i), float(scores[i])) for i in order]
-    hits: List[Tuple[int, float]] = []
-    for i in np.argsort(-scores, kind="stable"):
-        if metadata_matches(matrix.nodes[i].metadata, filters):
-            hits.append((int(i), float(scores[i])))
-            if len(hits) == top_k:
-                break
-    return hits
+        rows = head[np.argsort(-scores[head], kind="stable")]
+    else:
+        kept: List[int] = []
+        for i in np.argsort(-scores, kind="stable").tolist():
+            if metadata_matches(matrix.nodes[i].metadata, filters):
+                kept.append(i)
+                if len(kept) == top_k:
+                    break
+        rows = np.asarray(kept, dtype=np.int64)
+    return rows.astype(np.int64, copy=False), scores[rows]
+
+
+def top_dense_matches(
+    matrix: DenseMatrix, query: Sequence[float], top_k: int, filters: Optional[MetadataFilters] = None
+) -> List[Tuple[int, float]]:
+    """:func:`top_dense_positions` as a list of (row, cosine similarity) pairs."""
+    rows, scores = top_dense_positions(matrix, query, top_k, filters)
+    return list(zip(rows.tolist(), scores.tolist()))
 
 
 def query_embedding(query_bundle: QueryBundle, embed_model: BaseEmbedding) -> List[float]:

@@ -282,6 +282,21 @@ def fuse_positions(
             raise ValueError(f"leg {i} returns a position twice; positions must be distinct")
         if mode == "score" and not np.all(np.isfinite(s)):
             raise ValueError(f"score fusion needs finite scores; leg {i} has {s[~np.isfinite(s)][:3].tolist()}")
+    return fuse_checked_positions(list(zip(pos_lists, score_lists)), np.asarray(id_order), mode, k, leg_weights, top_k)
+
+
+def fuse_checked_positions(
+    legs: Sequence[Tuple[np.ndarray, np.ndarray]],
+    id_order: np.ndarray,
+    mode: str,
+    k: float,
+    leg_weights: Sequence[float],
+    top_k: Optional[int],
+) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`fuse_positions` without argument checks, for callers whose legs are valid by
+    construction (int64 distinct positions, float64 finite scores, checked weights and k)."""
+    pos_lists = [p for p, _ in legs]
+    score_lists = [s for _, s in legs]
     candidates = np.unique(np.concatenate(pos_lists)) if pos_lists else np.zeros(0, np.int64)
     n_legs, n = len(legs), len(candidates)
     ranks = np.zeros((n_legs, n), dtype=np.int64)
@@ -310,7 +325,7 @@ def fuse_positions(
     for i in weighted:
         present = ranks[i] > 0
         best_rank[present] = np.minimum(best_rank[present], ranks[i, present])
-    order = np.lexsort((np.asarray(id_order)[candidates], best_rank, -fused))
+    order = np.lexsort((id_order[candidates], best_rank, -fused))
     if top_k is not None:
         order = order[:top_k]
     return candidates[order], fused[order], ranks[:, order], raw[:, order]

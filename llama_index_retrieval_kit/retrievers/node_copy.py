@@ -8,6 +8,7 @@ from typing import Any
 from llama_index.core.schema import BaseNode
 
 _IMMUTABLE = (str, int, float, bool, bytes, type(None))
+_IMMUTABLE_TYPES = frozenset(_IMMUTABLE)
 
 
 def copy_metadata(value: Any) -> Any:
@@ -16,13 +17,15 @@ def copy_metadata(value: Any) -> Any:
     Chunk metadata is flat JSON (strings, numbers, short lists); this is several times faster
     than ``copy.deepcopy`` on it and falls back to ``deepcopy`` for anything else.
     """
-    if isinstance(value, _IMMUTABLE):
+    kind = type(value)
+    if kind in _IMMUTABLE_TYPES or isinstance(value, _IMMUTABLE):
         return value
-    if type(value) is dict:
-        return {k: copy_metadata(v) for k, v in value.items()}
-    if type(value) is list:
-        return [copy_metadata(v) for v in value]
-    if type(value) is tuple:
+    if kind is dict:
+        # Scalars (nearly every metadata value) are shared without a call per value.
+        return {k: v if type(v) in _IMMUTABLE_TYPES else copy_metadata(v) for k, v in value.items()}
+    if kind is list:
+        return [v if type(v) in _IMMUTABLE_TYPES else copy_metadata(v) for v in value]
+    if kind is tuple:
         return tuple(copy_metadata(v) for v in value)
     return copy.deepcopy(value)
 

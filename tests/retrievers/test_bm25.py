@@ -73,6 +73,29 @@ def test_other_methods_return_only_overlapping_nodes(corpus: List[TextNode], met
     assert {node_id for node_id, _ in ranked(bm25, "interest")} == {"d3-0"}
 
 
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    nodes=corpus_st(),
+    query=query_st,
+    method=st.sampled_from(["lucene", "robertson", "atire", "bm25l", "bm25+"]),
+    top_k=st.integers(1, 12),
+)
+def test_matches_agree_with_a_brute_force_oracle(nodes: List[TextNode], query: str, method: str, top_k: int) -> None:
+    # Oracle: every node sharing a query term with a positive bm25s score, by (-score, node id).
+    bm25 = BM25Retriever.from_nodes(nodes, tokenizer_config=PLAIN, method=method, similarity_top_k=top_k)
+    snapshot = bm25._shared.snapshot
+    terms = bm25.tokenize(query)
+    expected: List[Tuple[str, float]] = []
+    if snapshot.bm25 is not None:
+        ids = [snapshot.bm25.vocab_dict[t] for t in terms if t in snapshot.bm25.vocab_dict]
+        scores = snapshot.bm25.get_scores_from_ids(ids) if ids else []
+        for position, node in enumerate(snapshot.nodes):
+            if set(terms) & set(bm25.tokenize(node.get_content())) and scores[position] > 0:
+                expected.append((node.node_id, float(scores[position])))
+    expected.sort(key=lambda item: (-item[1], item[0]))
+    assert ranked(bm25, query) == expected[:top_k]
+
+
 def test_empty_corpora() -> None:
     assert BM25Retriever.from_nodes([]).retrieve("anything") == []
     empty_texts = BM25Retriever.from_nodes([chunk("a", ""), chunk("b", "the of")])
