@@ -103,15 +103,14 @@ class FusedIndexRetriever(BaseRetriever):
         )
         nodes = snapshot.nodes
         out: List[NodeWithScore] = []
-        for pos, score, leg_ranks, leg_raw in zip(positions.tolist(), fused.tolist(), ranks.T.tolist(), raw.T.tolist()):
-            present = [i for i, rank in enumerate(leg_ranks) if rank > 0]
-            out.append(
-                FusedNodeWithScore(
-                    node=copy_node(nodes[pos]),
-                    score=score,
-                    leg_ranks={LEG_NAMES[i]: leg_ranks[i] for i in present},
-                    leg_scores={LEG_NAMES[i]: leg_raw[i] for i in present},
-                )
-            )
+        for pos, score, (bm25_rank, dense_rank), (bm25_raw, dense_raw) in zip(
+            positions.tolist(), fused.tolist(), ranks.T.tolist(), raw.T.tolist()
+        ):
+            leg_ranks, leg_scores = {}, {}
+            if bm25_rank:
+                leg_ranks["bm25"], leg_scores["bm25"] = bm25_rank, bm25_raw
+            if dense_rank:
+                leg_ranks["dense"], leg_scores["dense"] = dense_rank, dense_raw
+            out.append(FusedNodeWithScore(node=copy_node(nodes[pos]), score=score, leg_ranks=leg_ranks, leg_scores=leg_scores))
         logger.debug("fused %d bm25 + %d dense candidates into %d results", len(sparse[0]), len(rows), len(out))
         return out

@@ -90,10 +90,11 @@ def query_embedding(query_bundle: QueryBundle, embed_model: BaseEmbedding) -> Li
     """The bundle's embedding, computed and stored on it first if missing (as LlamaIndex's
     ``VectorIndexRetriever`` does, so later legs and stages reuse it)."""
     if query_bundle.embedding is None:
-        if query_bundle.embedding_strs:
-            query_bundle.embedding = embed_model.get_agg_embedding_from_queries(query_bundle.embedding_strs)
-        else:
-            query_bundle.embedding = embed_model.get_query_embedding(query_bundle.query_str)
+        strs = query_bundle.embedding_strs
+        if len(strs) > 1:
+            query_bundle.embedding = embed_model.get_agg_embedding_from_queries(strs)
+        else:  # the mean of one embedding is that embedding
+            query_bundle.embedding = embed_model.get_query_embedding(strs[0] if strs else query_bundle.query_str)
     return query_bundle.embedding
 
 

@@ -37,4 +37,6 @@ def copy_node(node: BaseNode) -> BaseNode:
     are immutable; assigning ``node.text`` rebinds the copy's field) or the metadata (which
     filters read) of what the index holds.
     """
-    return node.model_copy(update={"metadata": copy_metadata(node.metadata)})
+    copied = node.__copy__()  # pydantic's shallow copy (what model_copy does, minus its update bookkeeping)
+    copied.__dict__["metadata"] = copy_metadata(node.metadata)
+    return copied
