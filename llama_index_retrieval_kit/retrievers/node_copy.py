@@ -37,6 +37,7 @@ def copy_node(node: BaseNode) -> BaseNode:
     are immutable; assigning ``node.text`` rebinds the copy's field) or the metadata (which
     filters read) of what the index holds.
     """
-    copied = node.__copy__()  # pydantic's shallow copy (what model_copy does, minus its update bookkeeping)
+    copied = node.__copy__()  # pydantic's shallow copy: what model_copy(update=...) does, without its checks
     copied.__dict__["metadata"] = copy_metadata(node.metadata)
+    copied.__pydantic_fields_set__.add("metadata")  # __copy__ gave the copy its own set
     return copied
