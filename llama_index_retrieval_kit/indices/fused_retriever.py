@@ -34,6 +34,7 @@ from ..retrievers.node_copy import copy_node
 logger = logging.getLogger(__name__)
 
 LEG_NAMES = ("bm25", "dense")
+_BM25, _DENSE = LEG_NAMES
 
 
 class FusedIndexRetriever(BaseRetriever):
@@ -108,9 +109,9 @@ class FusedIndexRetriever(BaseRetriever):
         ):
             leg_ranks, leg_scores = {}, {}
             if bm25_rank:
-                leg_ranks["bm25"], leg_scores["bm25"] = bm25_rank, bm25_raw
+                leg_ranks[_BM25], leg_scores[_BM25] = bm25_rank, bm25_raw
             if dense_rank:
-                leg_ranks["dense"], leg_scores["dense"] = dense_rank, dense_raw
+                leg_ranks[_DENSE], leg_scores[_DENSE] = dense_rank, dense_raw
             out.append(FusedNodeWithScore(node=copy_node(nodes[pos]), score=score, leg_ranks=leg_ranks, leg_scores=leg_scores))
         logger.debug("fused %d bm25 + %d dense candidates into %d results", len(sparse[0]), len(rows), len(out))
         return out
