@@ -522,7 +522,8 @@ class BM25Retriever(BaseRetriever):
         if snapshot.bm25 is not None:
             snapshot.bm25.save(folder / _BM25S_DIR, show_progress=False)
         with open(folder / _NODES_FILE, "w", encoding="utf-8") as f:
-            json.dump([doc_to_json(n) for n in snapshot.nodes], f, ensure_ascii=False)
+            # json.dumps, not json.dump: only the one-shot form uses the C encoder (~5x faster).
+            f.write(json.dumps([doc_to_json(n) for n in snapshot.nodes], ensure_ascii=False))
         config = {
             "format_version": PERSIST_FORMAT_VERSION,
             "bm25s_version": bm25s.__version__,
