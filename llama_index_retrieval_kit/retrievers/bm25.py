@@ -24,7 +24,7 @@ import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import bm25s
 import bm25s.stopwords as bm25s_stopwords
@@ -48,6 +48,8 @@ PERSIST_FORMAT_VERSION = 1
 _CONFIG_FILE = "retriever.json"
 _NODES_FILE = "nodes.json"
 _BM25S_DIR = "bm25s"
+_TOKEN_IDS_FILE = "tokens.npz"
+_TOKEN_VOCAB_FILE = "tokens_vocab.json"
 
 # Stopword lists shipped with bm25s, by the names bm25s accepts.
 _STOPWORDS: Dict[str, Tuple[str, ...]] = {}
@@ -188,6 +190,87 @@ def build_tokenizer(config: BM25TokenizerConfig) -> Callable[[str], List[str]]:
     return tokenize
 
 
+class PackedTokens(Sequence[Tuple[str, ...]]):
+    """The token lists of many nodes as one vocabulary plus an id array.
+
+    This is how the index keeps tokens between updates (a fraction of the memory of Python
+    tuples of strings) and persists them, so that an update after :meth:`BM25Retriever.load`
+    tokenizes only the new text. ``packed[i]`` is node ``i``'s tokens as a tuple of strings.
+    """
+
+    def __init__(self, vocab: List[str], ids: np.ndarray, offsets: np.ndarray) -> None:
+        if offsets.ndim != 1 or len(offsets) < 1 or offsets[0] != 0 or offsets[-1] != len(ids) or np.any(np.diff(offsets) < 0):
+            raise ValueError("token offsets must start at 0, never decrease and end at the number of token ids")
+        if len(ids) and (ids.min() < 0 or ids.max() >= len(vocab)):
+            raise ValueError(f"token ids must lie in [0, {len(vocab)}) (the vocabulary size)")
+        self.vocab = vocab
+        self.ids = ids
+        self.offsets = offsets
+
+    @classmethod
+    def pack(cls, tokens: Sequence[Sequence[str]]) -> "PackedTokens":
+        """Pack per-node token lists (a ``PackedTokens`` is returned as is)."""
+        if isinstance(tokens, PackedTokens):
+            return tokens
+        return cls([], np.zeros(0, dtype=np.int32), np.zeros(1, dtype=np.int64)).extend(tokens)
+
+    def extend(self, tokens: Sequence[Sequence[str]]) -> "PackedTokens":
+        """A new ``PackedTokens``: these nodes followed by ``tokens`` (the vocabulary grows as needed)."""
+        vocab = list(self.vocab)
+        index = {term: i for i, term in enumerate(vocab)}
+        new_ids = np.fromiter((index.setdefault(t, len(index)) for toks in tokens for t in toks), dtype=np.int64)
+        vocab.extend(list(index)[len(vocab) :])
+        lengths = np.fromiter((len(t) for t in tokens), dtype=np.int64, count=len(tokens))
+        offsets = np.concatenate([self.offsets, self.offsets[-1] + np.cumsum(lengths)])
+        dtype = np.int32 if len(vocab) < np.iinfo(np.int32).max else np.int64
+        return PackedTokens(vocab, np.concatenate([self.ids.astype(dtype), new_ids.astype(dtype)]), offsets)
+
+    def select(self, positions: Sequence[int]) -> "PackedTokens":
+        """A new ``PackedTokens`` with the nodes at ``positions``, in that order."""
+        at = np.asarray(positions, dtype=np.int64)
+        starts, lengths = self.offsets[at], self.offsets[at + 1] - self.offsets[at]
+        offsets = np.zeros(len(at) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        gather = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1], dtype=np.int64)
+        return PackedTokens(self.vocab, self.ids[gather], offsets)
+
+    def as_lists(self) -> List[List[str]]:
+        """Every node's tokens as a list of strings (what bm25s indexes)."""
+        vocab = self.vocab
+        flat = [vocab[j] for j in self.ids.tolist()]
+        bounds = self.offsets.tolist()
+        return [flat[bounds[i] : bounds[i + 1]] for i in range(len(self))]
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i: int) -> Tuple[str, ...]:  # type: ignore[override]
+        if not 0 <= i < len(self):
+            raise IndexError(f"node position {i} out of range for {len(self)} nodes")
+        vocab = self.vocab
+        return tuple(vocab[j] for j in self.ids[self.offsets[i] : self.offsets[i + 1]].tolist())
+
+    def __iter__(self) -> Iterator[Tuple[str, ...]]:
+        return (self[i] for i in range(len(self)))
+
+    def save(self, folder: Path) -> None:
+        """Write the ids (npz) and the vocabulary (JSON), dropping terms no node uses any more."""
+        used = np.bincount(self.ids, minlength=len(self.vocab)) > 0
+        ids, vocab = self.ids, self.vocab
+        if not used.all():
+            ids = (np.cumsum(used) - 1).astype(self.ids.dtype)[self.ids]
+            vocab = [term for term, keep in zip(self.vocab, used.tolist()) if keep]
+        np.savez(folder / _TOKEN_IDS_FILE, ids=ids, offsets=self.offsets)
+        (folder / _TOKEN_VOCAB_FILE).write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+
+    @classmethod
+    def load(cls, folder: Path) -> "PackedTokens":
+        with np.load(folder / _TOKEN_IDS_FILE, allow_pickle=False) as arrays:
+            ids, offsets = arrays["ids"], arrays["offsets"]
+        vocab = json.loads((folder / _TOKEN_VOCAB_FILE).read_text(encoding="utf-8"))
+        return cls(vocab, ids, offsets)
+
+
 @dataclass(frozen=True, eq=False)
 class _Snapshot:
     """An immutable state of the index: nodes, their bm25s index and tie-break order."""
@@ -195,7 +278,7 @@ class _Snapshot:
     nodes: Tuple[BaseNode, ...]
     bm25: Optional[bm25s.BM25]  # None when no node has a single term
     tie_order: np.ndarray  # position of each node id in sorted order (deterministic ties)
-    tokens: Optional[Tuple[Tuple[str, ...], ...]]  # per node; None after load until needed
+    tokens: Optional[PackedTokens]  # per node; None after loading an index saved without tokens
 
 
 class _SharedIndex:
@@ -218,18 +301,14 @@ class _BM25Params:
 
 def _build_snapshot(nodes: Sequence[BaseNode], tokens: Sequence[Sequence[str]], params: _BM25Params) -> _Snapshot:
     """Index ``nodes`` (already tokenized as ``tokens``) with bm25s."""
+    packed = PackedTokens.pack(tokens)
     bm25: Optional[bm25s.BM25] = None
-    if any(tokens):
+    if len(packed.ids):
         bm25 = bm25s.BM25(k1=params.k1, b=params.b, method=params.method, backend="numpy")
         # create_empty_token=False: bm25s would otherwise add a "" term that is not in its score
         # matrix (and crash on an all-empty corpus).
-        bm25.index([list(t) for t in tokens], create_empty_token=False, show_progress=False)
-    return _Snapshot(
-        nodes=tuple(nodes),
-        bm25=bm25,
-        tie_order=_tie_order(nodes),
-        tokens=tuple(tuple(t) for t in tokens),
-    )
+        bm25.index(packed.as_lists(), create_empty_token=False, show_progress=False)
+    return _Snapshot(nodes=tuple(nodes), bm25=bm25, tie_order=_tie_order(nodes), tokens=packed)
 
 
 def _tie_order(nodes: Sequence[BaseNode]) -> np.ndarray:
@@ -328,9 +407,9 @@ class BM25Retriever(BaseRetriever):
     neither the caller's nodes nor downstream postprocessors can change what the index holds.
 
     Updates (:meth:`insert_nodes`, :meth:`delete_ref_doc`, :meth:`delete_nodes`) rebuild the bm25s
-    index from the kept nodes: cost O(corpus tokens) per call (tokens are cached, so only new text
-    is re-tokenized; after :meth:`load` all nodes are re-tokenized once on the first update). Batch
-    your updates. Writers are serialised; queries see either the old or the new index, never a mix.
+    index from the kept nodes: cost O(corpus tokens) per call (tokens are kept, and persisted with
+    the index, so only new text is tokenized; an index saved before tokens were persisted
+    re-tokenizes its nodes once, on the first update after :meth:`load`). Batch your updates. Writers are serialised; queries see either the old or the new index, never a mix.
 
     Example:
         >>> bm25 = BM25Retriever.from_nodes(nodes, tokenizer_config=BM25TokenizerConfig(stemmer_language=None))
@@ -485,15 +564,15 @@ class BM25Retriever(BaseRetriever):
         """Swap in a snapshot of the kept nodes plus ``incoming``; returns the number removed."""
         with self._shared.lock:
             old = self._shared.snapshot
-            old_tokens = old.tokens
-            if old_tokens is None:
-                old_tokens = tuple(tuple(self._tokens_of(n)) for n in old.nodes)
             kept = [i for i, n in enumerate(old.nodes) if keep(n)]
             removed = len(old.nodes) - len(kept)
             if removed == 0 and not incoming:
                 return 0
+            old_tokens = old.tokens
+            if old_tokens is None:  # loaded from a folder saved without tokens
+                old_tokens = PackedTokens.pack([self._tokens_of(n) for n in old.nodes])
             nodes = [old.nodes[i] for i in kept] + incoming
-            tokens = [old_tokens[i] for i in kept] + [self._tokens_of(n) for n in incoming]
+            tokens = old_tokens.select(kept).extend([self._tokens_of(n) for n in incoming])
             self._shared.snapshot = _build_snapshot(nodes, tokens, self._params)
         logger.info("bm25 index rebuilt: %d removed, %d added, %d nodes", removed, len(incoming), len(nodes))
         return removed
@@ -512,7 +591,7 @@ class BM25Retriever(BaseRetriever):
     # ----- persistence ------------------------------------------------------------------------
 
     def persist(self, folder: Union[str, Path]) -> None:
-        """Save the bm25s index, the nodes (JSON), the tokenizer settings and the parameters.
+        """Save the bm25s index, the nodes (JSON), their tokens, the tokenizer settings and the parameters.
 
         Filters and ``custom_tokenizer`` are not saved: pass them to :meth:`load`.
         """
@@ -524,6 +603,8 @@ class BM25Retriever(BaseRetriever):
         with open(folder / _NODES_FILE, "w", encoding="utf-8") as f:
             # json.dumps, not json.dump: only the one-shot form uses the C encoder (~5x faster).
             f.write(json.dumps([doc_to_json(n) for n in snapshot.nodes], ensure_ascii=False))
+        if snapshot.tokens is not None:
+            snapshot.tokens.save(folder)
         config = {
             "format_version": PERSIST_FORMAT_VERSION,
             "bm25s_version": bm25s.__version__,
@@ -534,6 +615,7 @@ class BM25Retriever(BaseRetriever):
             "metadata_mode": self._metadata_mode.value,
             "num_nodes": len(snapshot.nodes),
             "has_bm25_index": snapshot.bm25 is not None,
+            "has_tokens": snapshot.tokens is not None,
             "tokenizer": self._tokenizer_config.to_persisted(),
         }
         with open(folder / _CONFIG_FILE, "w", encoding="utf-8") as f:
@@ -603,6 +685,11 @@ class BM25Retriever(BaseRetriever):
                 raise ValueError(
                     f"{folder}: the bm25s index has {bm25.scores['num_docs']} documents but there are {len(nodes)} nodes"
                 )
-        retriever._shared = _SharedIndex(_Snapshot(nodes=tuple(nodes), bm25=bm25, tie_order=_tie_order(nodes), tokens=None))
+        tokens = None
+        if config.get("has_tokens"):  # indexes saved before tokens were persisted re-tokenize on their first update
+            tokens = PackedTokens.load(folder)
+            if len(tokens) != len(nodes):
+                raise ValueError(f"{folder}: {_TOKEN_IDS_FILE} holds tokens of {len(tokens)} nodes, expected {len(nodes)}")
+        retriever._shared = _SharedIndex(_Snapshot(nodes=tuple(nodes), bm25=bm25, tie_order=_tie_order(nodes), tokens=tokens))
         logger.info("bm25 index with %d nodes loaded from %s", len(nodes), folder)
         return retriever

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -13,6 +14,7 @@ from llama_index.core.schema import MetadataMode, NodeRelationship, RelatedNodeI
 from llama_index.core.vector_stores.types import FilterOperator, MetadataFilter, MetadataFilters
 
 from llama_index_retrieval_kit.retrievers import BM25Retriever, BM25TokenizerConfig
+from llama_index_retrieval_kit.retrievers.bm25 import PackedTokens
 
 from ._strategies import WORDS, corpus_st, filters_st, oracle_matches, query_st
 
@@ -192,6 +194,71 @@ def test_loaded_index_updates_like_a_fresh_one(tmp_path: Path, corpus: List[Text
     fresh = BM25Retriever.from_nodes([n for n in corpus if n.ref_doc_id != "d1"] + [new], similarity_top_k=10)
     for query in ["annual fee", "payment", "interest balance"]:
         assert ranked(loaded, query) == ranked(fresh, query)
+
+
+def test_first_update_after_load_tokenizes_only_the_new_nodes(tmp_path: Path, corpus: List[TextNode]) -> None:
+    calls: List[str] = []
+
+    def counting_bigrams(text: str) -> List[str]:
+        calls.append(text)
+        return bigrams(text)
+
+    config = BM25TokenizerConfig(custom_tokenizer=counting_bigrams, stopwords=None, stemmer_language=None)
+    BM25Retriever.from_nodes(corpus, tokenizer_config=config).persist(tmp_path)
+    loaded = BM25Retriever.load(tmp_path, custom_tokenizer=counting_bigrams, similarity_top_k=10)
+    calls.clear()
+    new = chunk("d1-0", "A new annual fee schedule.", "d1")
+    loaded.insert_nodes([new])
+    assert calls == ["a new annual fee schedule."]  # lowercased first; the indexed nodes' tokens came from disk
+    fresh = BM25Retriever.from_nodes([n for n in corpus if n.ref_doc_id != "d1"] + [new], tokenizer_config=config, similarity_top_k=10)
+    for query in ["annual fee", "payment", "interest balance"]:
+        assert ranked(loaded, query) == ranked(fresh, query)
+
+
+def test_index_saved_without_tokens_still_updates(tmp_path: Path, corpus: List[TextNode]) -> None:
+    # Folders written before tokens were persisted: the first update tokenizes the indexed nodes.
+    BM25Retriever.from_nodes(corpus).persist(tmp_path)
+    config_path = tmp_path / "retriever.json"
+    config = json.loads(config_path.read_text())
+    del config["has_tokens"]
+    config_path.write_text(json.dumps(config))
+    (tmp_path / "tokens.npz").unlink()
+    (tmp_path / "tokens_vocab.json").unlink()
+    loaded = BM25Retriever.load(tmp_path, similarity_top_k=10)
+    loaded.delete_ref_doc("d2")
+    fresh = BM25Retriever.from_nodes([n for n in corpus if n.ref_doc_id != "d2"], similarity_top_k=10)
+    assert ranked(loaded, "fee interest payment") == ranked(fresh, "fee interest payment")
+
+
+def test_token_files_that_do_not_match_the_nodes_are_an_error(tmp_path: Path, corpus: List[TextNode]) -> None:
+    BM25Retriever.from_nodes(corpus).persist(tmp_path / "five")
+    BM25Retriever.from_nodes(corpus[:2]).persist(tmp_path / "two")
+    (tmp_path / "two" / "tokens.npz").replace(tmp_path / "five" / "tokens.npz")
+    (tmp_path / "two" / "tokens_vocab.json").replace(tmp_path / "five" / "tokens_vocab.json")
+    with pytest.raises(ValueError, match="tokens of 2 nodes, expected 5"):
+        BM25Retriever.load(tmp_path / "five")
+
+
+token_lists_st = st.lists(st.lists(st.text(min_size=1, max_size=5), max_size=6), max_size=8)
+
+
+@settings(deadline=None)
+@given(tokens=token_lists_st, more=token_lists_st, data=st.data())
+def test_packed_tokens_select_extend_and_save(tmp_path_factory, tokens: List[List[str]], more: List[List[str]], data) -> None:
+    packed = PackedTokens.pack(tokens)
+    assert len(packed) == len(tokens) and list(packed) == [tuple(t) for t in tokens]
+    assert PackedTokens.pack(packed) is packed
+    keep = data.draw(st.lists(st.sampled_from(range(len(tokens))), unique=True) if tokens else st.just([]))
+    updated = packed.select(keep).extend(more)
+    expected = [tuple(tokens[i]) for i in keep] + [tuple(t) for t in more]
+    assert list(updated) == expected
+    assert updated.as_lists() == [list(t) for t in expected]
+    assert list(packed) == [tuple(t) for t in tokens]  # select/extend return new objects
+    folder = tmp_path_factory.mktemp("tokens")
+    updated.save(folder)
+    loaded = PackedTokens.load(folder)
+    assert list(loaded) == expected
+    assert len(loaded.vocab) == len({t for toks in expected for t in toks})  # unused terms dropped
 
 
 def test_persist_empty_index(tmp_path: Path) -> None:
