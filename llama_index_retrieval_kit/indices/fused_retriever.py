@@ -20,6 +20,7 @@ from llama_index.core.callbacks.base import CallbackManager
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from ..retrievers.bm25 import BM25Retriever, top_bm25_positions
+from ..retrievers.checks import check_positive_int
 from ..retrievers.exact_dense import DenseMatrix, query_embedding, top_dense_positions
 from ..retrievers.fusion import (
     DEFAULT_RRF_K,
@@ -70,9 +71,8 @@ class FusedIndexRetriever(BaseRetriever):
         super().__init__(callback_manager=callback_manager, verbose=verbose)
         if mode not in FUSION_MODES:
             raise ValueError(f"mode {mode!r} is not supported; use one of {FUSION_MODES}")
-        for name, value in (("similarity_top_k", similarity_top_k), ("candidate_top_k", candidate_top_k)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        check_positive_int("similarity_top_k", similarity_top_k)
+        check_positive_int("candidate_top_k", candidate_top_k)
         self._bm25 = bm25
         self._dense_matrix = dense_matrix
         self._embed_model = embed_model

@@ -37,6 +37,7 @@ from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, Query
 from llama_index.core.storage.docstore.utils import doc_to_json, json_to_doc
 from llama_index.core.vector_stores.types import MetadataFilters
 
+from .checks import check_positive_int
 from .filters import metadata_matches, validate_filters
 from .node_copy import copy_node
 
@@ -387,12 +388,7 @@ def _check_params(k1: float, b: float, method: str, similarity_top_k: int) -> No
         raise ValueError(f"b must be a number in [0, 1], got {b!r}")
     if method not in BM25_METHODS:
         raise ValueError(f"method {method!r} is not supported; use one of {BM25_METHODS}")
-    _check_top_k(similarity_top_k)
-
-
-def _check_top_k(similarity_top_k: int) -> None:
-    if isinstance(similarity_top_k, bool) or not isinstance(similarity_top_k, int) or similarity_top_k < 1:
-        raise ValueError(f"similarity_top_k must be an int >= 1, got {similarity_top_k!r}")
+    check_positive_int("similarity_top_k", similarity_top_k)
 
 
 class BM25Retriever(BaseRetriever):
@@ -521,7 +517,7 @@ class BM25Retriever(BaseRetriever):
         view = copy.copy(self)
         view._filters = validate_filters(filters)
         if similarity_top_k is not None:
-            _check_top_k(similarity_top_k)
+            check_positive_int("similarity_top_k", similarity_top_k)
             view._similarity_top_k = similarity_top_k
         return view
 

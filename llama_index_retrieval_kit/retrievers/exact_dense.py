@@ -19,6 +19,7 @@ from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.schema import BaseNode, NodeWithScore, QueryBundle
 from llama_index.core.vector_stores.types import MetadataFilters
 
+from .checks import check_positive_int
 from .filters import metadata_matches, validate_filters
 from .node_copy import copy_node
 
@@ -114,8 +115,7 @@ class ExactDenseRetriever(BaseRetriever):
         filters: Optional[MetadataFilters] = None,
         **kwargs,
     ) -> None:
-        if isinstance(similarity_top_k, bool) or not isinstance(similarity_top_k, int) or similarity_top_k < 1:
-            raise ValueError(f"similarity_top_k must be an int >= 1, got {similarity_top_k!r}")
+        check_positive_int("similarity_top_k", similarity_top_k)
         super().__init__(**kwargs)
         self._matrix = matrix
         self._embed_model = embed_model

@@ -10,6 +10,7 @@ from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.callbacks.base import CallbackManager
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
+from .checks import check_positive_int
 from .fusion import (
     DEFAULT_RRF_K,
     FUSION_MODES,
@@ -86,8 +87,7 @@ class HybridRetriever(BaseRetriever):
             raise ValueError(f"retrievers must be llama_index BaseRetriever objects, got {bad}")
         if mode not in FUSION_MODES:
             raise ValueError(f"mode {mode!r} is not supported; use one of {FUSION_MODES}")
-        if isinstance(similarity_top_k, bool) or not isinstance(similarity_top_k, int) or similarity_top_k < 1:
-            raise ValueError(f"similarity_top_k must be an int >= 1, got {similarity_top_k!r}")
+        check_positive_int("similarity_top_k", similarity_top_k)
         self._retrievers = retrievers
         self._names = leg_names(len(retrievers), names)
         self._weights = check_weights(len(retrievers), weights)
