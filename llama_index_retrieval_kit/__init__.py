@@ -6,7 +6,7 @@ the evaluation package measures it.
 """
 
 from .embeddings import FastHuggingFaceEmbedding
-from .indices import EmbeddingCache, HybridIndex
+from .indices import DocumentIdConflictError, EmbeddingCache, HybridIndex, IndexBusyError
 from .node_parser import SectionHierarchyNodeParser, SectionWindowNodeParser
 from .readers import DocumentReadError, FileReadError, MarkdownReader, PagedPDFReader, TextFileReader
 from .retrievers import (
@@ -38,6 +38,8 @@ __all__ = [
     "reciprocal_rank_fusion",
     "score_fusion",
     "HybridIndex",
+    "IndexBusyError",
+    "DocumentIdConflictError",
     "EmbeddingCache",
     "ExactDenseRetriever",
     "FastHuggingFaceEmbedding",

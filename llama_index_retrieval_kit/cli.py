@@ -19,6 +19,31 @@ from typing import Sequence
 logger = logging.getLogger("llama_index_retrieval_kit")
 
 
+EXIT_OK = 0
+EXIT_PARTIAL = 1  # done, but some input files could not be read (or nothing was readable)
+EXIT_USAGE = 2  # bad arguments or input: the message says what to change
+EXIT_BUSY = 3  # the index folder is open in another process
+EXIT_DAMAGED = 4  # the index folder is damaged: the message names the file and the repair
+EXIT_INTERNAL = 70  # a bug: rerun with --verbose for the traceback
+EXIT_INTERRUPTED = 130
+#: Exit codes of every command, documented in the README ("Command line").
+EXIT_CODES = {
+    EXIT_OK: "success",
+    EXIT_PARTIAL: "finished, but some files could not be read (listed), or nothing could be indexed",
+    EXIT_USAGE: "bad arguments or input (the message says what to change)",
+    EXIT_BUSY: "the index is open in another process: close it, or serve the index from a Qdrant server",
+    EXIT_DAMAGED: "the index folder is damaged (the message names the file and how to rebuild)",
+    EXIT_INTERNAL: "internal error (a bug): rerun with --verbose for the traceback",
+    EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
+}
+#: Exception class names (defined by the storage module) that mean a damaged index folder.
+_DAMAGED_INDEX_ERRORS = ("DamagedIndexError", "CorruptIndexError", "IndexCorruptedError")
+
+
+class CLIError(ValueError):
+    """An expected condition the CLI reports in one line (exit code 2)."""
+
+
 def _table(rows: Sequence[dict]) -> str:
     """A plain-text table of dict rows (same keys)."""
     if not rows:
@@ -79,11 +104,24 @@ def cmd_index(args: argparse.Namespace) -> int:
         _out(f"could not read {f}")
     if not documents:
         _out("nothing to index")
-        return 1
+        return EXIT_PARTIAL
     storage = Path(args.storage)
     if (storage / "index.json").exists() and not args.rebuild:
         with HybridIndex.load(storage) as index:
-            stats = index.upsert(documents, show_progress=not args.quiet)
+            rekeyed = _same_files_other_ids(index, documents)
+            if rekeyed and not args.migrate_ids:
+                raise CLIError(
+                    f"{len(rekeyed)} file(s) are already in {storage} under another document id, and indexing them "
+                    "again would store them twice:\n"
+                    + "\n".join(f"  - {old!r} -> {new!r}" for old, new in rekeyed[:10])
+                    + "\nIndex the same folder as before (ids are paths relative to the folder given), or add "
+                    "--migrate-ids to replace the old entries with the new ids"
+                )
+            stats = index.upsert(documents, show_progress=not args.quiet, allow_source_change=args.allow_source_change)
+            for old, _ in rekeyed:
+                index.delete(old)  # after the upsert committed: the file is never missing from the index
+            if rekeyed:
+                stats["migrated"] = len(rekeyed)
             total = len(index)
     else:
         parser = make_parser(args.parser, args.chunk_size, args.chunk_overlap)
@@ -93,12 +131,31 @@ def cmd_index(args: argparse.Namespace) -> int:
             stats = {"documents": len(documents), "chunks": len(index)}
             total = len(index)
     _out(f"indexed {stats}; {total} chunks in {storage}")
-    return 1 if failures else 0
+    return EXIT_PARTIAL if failures else EXIT_OK
+
+
+def _same_files_other_ids(index, documents) -> list[tuple[str, str]]:
+    """(indexed id, new id) for files already indexed under a different document id."""
+    from .indices.hybrid_index import document_origin
+
+    by_origin: dict[str, str] = {}
+    for doc_id, origin in index.document_origins().items():
+        if origin is not None:
+            by_origin.setdefault(origin, doc_id)
+    new_ids = {d.id_ for d in documents}
+    pairs = []
+    for doc in documents:
+        old = by_origin.get(document_origin(doc.metadata) or "")
+        if old is not None and old != doc.id_ and old not in new_ids:
+            pairs.append((old, doc.id_))
+    return pairs
 
 
 def cmd_query(args: argparse.Namespace) -> int:
     from .indices import HybridIndex
 
+    if not (Path(args.storage) / "index.json").exists():
+        raise CLIError(f"{args.storage} holds no index: build one first with `rkit index FILES_OR_FOLDERS --storage {args.storage}`")
     with HybridIndex.load(args.storage) as index:
         retriever = index.as_retriever(mode=args.mode, similarity_top_k=args.top_k)
         _print_results(retriever.retrieve(args.question))
@@ -156,7 +213,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rkit", description="Production-grade retrieval for LlamaIndex apps.")
+    p = argparse.ArgumentParser(
+        prog="rkit",
+        description="Production-grade retrieval for LlamaIndex apps.",
+        epilog="exit codes:\n" + "\n".join(f"  {code:<4} {meaning}" for code, meaning in EXIT_CODES.items()),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     sub = p.add_subparsers(dest="command", required=True)
@@ -181,6 +243,18 @@ def build_parser() -> argparse.ArgumentParser:
     idx.add_argument("--chunk-size", type=int, default=None)
     idx.add_argument("--chunk-overlap", type=int, default=None)
     idx.add_argument("--rebuild", action="store_true", help="replace an existing index instead of updating it")
+    idx.add_argument(
+        "--allow-source-change",
+        action="store_true",
+        help="let a file replace an indexed document of the same id that came from a different file "
+        "(default: refuse, so that no file silently drops another from the index)",
+    )
+    idx.add_argument(
+        "--migrate-ids",
+        action="store_true",
+        help="files already indexed under another id (e.g. by an older version, or from another folder "
+        "root) are re-keyed to their new id instead of refused",
+    )
     idx.set_defaults(func=cmd_index)
 
     qry = sub.add_parser("query", help="retrieve chunks for a question from an index folder")
@@ -197,6 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``rkit``; returns the exit code (see :data:`EXIT_CODES`)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -204,9 +279,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError) as exc:
-        sys.stderr.write(f"rkit: error: {exc}\n")
-        return 2
+    except KeyboardInterrupt:
+        sys.stderr.write("rkit: interrupted\n")
+        return EXIT_INTERRUPTED
+    except Exception as exc:  # every expected condition becomes one line, never a traceback
+        code = _exit_code(exc)
+        if code == EXIT_INTERNAL:
+            if args.verbose:
+                raise
+            sys.stderr.write(
+                f"rkit: internal error: {type(exc).__name__}: {exc}\n"
+                "rkit: run again with --verbose for the traceback, and please report it\n"
+            )
+        else:
+            sys.stderr.write(f"rkit: error: {exc}\n")
+        return code
+
+
+def _exit_code(exc: BaseException) -> int:
+    """The exit code for an exception (see :data:`EXIT_CODES`)."""
+    from .indices import IndexBusyError
+
+    if isinstance(exc, IndexBusyError):
+        return EXIT_BUSY
+    for name in _DAMAGED_INDEX_ERRORS:
+        if type(exc).__name__ == name:
+            return EXIT_DAMAGED
+    if isinstance(exc, (ValueError, FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
+        return EXIT_USAGE
+    return EXIT_INTERNAL
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -7,12 +7,13 @@ import logging
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, List, Literal, Sequence
+from typing import Callable, Iterable, List, Literal, Sequence
 
 from llama_index.core.schema import BaseNode, Document
 
 from .node_parser import SectionHierarchyNodeParser, SectionWindowNodeParser
 from .readers import DocumentReadError, ReadFailure
+from .readers.base import absolute_path, default_doc_id, folder_doc_id
 from .readers.text import DocumentFolderReader
 
 logger = logging.getLogger(__name__)
@@ -62,33 +63,80 @@ def make_parser(name: str, chunk_size: int | None = None, chunk_overlap: int | N
 
 def expand_paths(paths: Iterable[str | Path]) -> list[Path]:
     """Files named directly plus the readable files inside named folders."""
+    return [path for path, _ in files_with_ids(paths)]
+
+
+def files_with_ids(
+    paths: Iterable[str | Path], doc_id_func: Callable[[Path], str] | None = None
+) -> list[tuple[Path, str]]:
+    """Every file to read with its document id.
+
+    Default ids (see ``readers.base``): a file named directly is its file name; a file found in
+    a named folder is its path relative to that folder (``clientA/terms.md``). ``doc_id_func``
+    (path -> id) replaces both.
+    """
     reader = DocumentFolderReader()
-    out: list[Path] = []
+    out: list[tuple[Path, str]] = []
+    seen: set[tuple[str, str]] = set()
     for p in paths:
         p = Path(p)
-        out.extend(reader.files_in(p) if p.is_dir() else [p])
+        if p.is_dir():
+            ids = doc_id_func or folder_doc_id(p)
+            found = [(f, ids(f)) for f in reader.files_in(p)]
+        else:
+            found = [(p, (doc_id_func or default_doc_id)(p))]
+        for f, doc_id in found:  # the same file named twice is read once
+            key = (absolute_path(f), doc_id)
+            if key not in seen:
+                seen.add(key)
+                out.append((f, doc_id))
     return out
 
 
-def read_documents(paths: Sequence[str | Path], show_progress: bool = False) -> tuple[list[Document], list[ReadFailure]]:
-    """Read every file; bad files are reported, never fatal for the others."""
-    files = expand_paths(paths)
+def read_documents(
+    paths: Sequence[str | Path],
+    show_progress: bool = False,
+    doc_id_func: Callable[[Path], str] | None = None,
+) -> tuple[list[Document], list[ReadFailure]]:
+    """Read every file; bad files are reported, never fatal for the others.
+
+    Document ids: see :func:`files_with_ids`. Two files with one id are an error naming both
+    (read their common parent folder instead, or pass ``doc_id_func``).
+    """
+    files = files_with_ids(paths, doc_id_func)
+    clashes = _id_clashes(files)
+    if clashes:
+        raise ValueError(
+            "these files would get the same document id, and one would replace the other: "
+            + "; ".join(f"{doc_id!r}: {', '.join(str(p) for p in ps)}" for doc_id, ps in clashes[:5])
+            + ". Read their common parent folder (ids are paths relative to it) or pass doc_id_func=..."
+        )
     reader = DocumentFolderReader()
     documents: list[Document] = []
     failures: list[ReadFailure] = []
-    iterable: Iterable[Path] = files
+    iterable: Iterable[tuple[Path, str]] = files
     if show_progress:
         from tqdm.auto import tqdm
 
         iterable = tqdm(files, desc="Reading", unit="file")
-    for f in iterable:
+    for f, doc_id in iterable:
         try:
-            documents.extend(reader.load_data(f))
+            documents.extend(reader.load_data(f, doc_id_func=lambda _path, _id=doc_id: _id))
         except DocumentReadError as err:
             failures.extend(err.failures)
     for failure in failures:
         logger.warning("could not read %s", failure)
     return documents, failures
+
+
+def _id_clashes(files: Sequence[tuple[Path, str]]) -> list[tuple[str, list[Path]]]:
+    """(id, paths) for every id given to more than one distinct file."""
+    by_id: dict[str, list[Path]] = {}
+    for path, doc_id in files:
+        same = by_id.setdefault(doc_id, [])
+        if all(absolute_path(path) != absolute_path(q) for q in same):
+            same.append(path)
+    return [(doc_id, ps) for doc_id, ps in by_id.items() if len(ps) > 1]
 
 
 def ingest(

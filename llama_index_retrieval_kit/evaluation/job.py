@@ -591,12 +591,14 @@ class _JobRun:
         """The retriever of ``config`` returning ``depth`` chunks, and the shared build it uses."""
         if config.uses_hybrid_index and config.index_key() in self.dense_index_keys:
             build = self._hybrid_index(config)
+            from ..indices import RETRIEVER_OPTIONS
+
+            mode = HYBRID_INDEX_MODES[config.retriever]
+            options = {"candidate_top_k": config.candidate_top_k, "rrf_k": config.rrf_k, "weights": config.weights}
             retriever = self.indexes[build.key].as_retriever(
-                mode=HYBRID_INDEX_MODES[config.retriever],
+                mode=mode,
                 similarity_top_k=depth,
-                candidate_top_k=config.candidate_top_k,
-                rrf_k=config.rrf_k,
-                weights=config.weights,
+                **{k: v for k, v in options.items() if k in RETRIEVER_OPTIONS[mode]},
             )
             return retriever, build
         if config.retriever == "bm25":  # the same retriever as a HybridIndex's sparse leg

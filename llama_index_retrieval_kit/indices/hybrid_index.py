@@ -26,15 +26,14 @@ import shutil
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, Dict, List, Literal, Optional, Sequence
+from typing import Any, Callable, Dict, List, Literal, Optional, Sequence
 
 import numpy as np
-from llama_index.core import VectorStoreIndex
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.embeddings.base import BaseEmbedding
-from llama_index.core.indices.vector_store.retrievers import VectorIndexRetriever
+from llama_index.core.callbacks.base import CallbackManager
 from llama_index.core.node_parser import NodeParser, get_leaf_nodes
-from llama_index.core.schema import BaseNode, Document, MetadataMode, NodeWithScore, QueryBundle
+from llama_index.core.schema import BaseNode, Document, MetadataMode
 from llama_index.core.storage.docstore import SimpleDocumentStore
 from llama_index.core.vector_stores.types import MetadataFilters
 from llama_index.core.vector_stores.utils import node_to_metadata_dict
@@ -43,17 +42,23 @@ from qdrant_client import QdrantClient, models
 from ..models import DEFAULT_EMBED_MODEL, default_embed_model, embed_model_name
 from ..node_parser import SectionHierarchyNodeParser, SectionWindowNodeParser
 from ..retrievers.bm25 import BM25Retriever, BM25TokenizerConfig
+from ..retrievers.checks import check_positive_int
 from ..retrievers.exact_dense import DenseMatrix, ExactDenseRetriever
+from ..retrievers.filters import metadata_matches, validate_filters
+from ..retrievers.fusion import DEFAULT_RRF_K
 from ..retrievers.hybrid import HybridRetriever
 from ..retrievers.qdrant_hybrid import (
     DENSE_VECTOR,
     SPARSE_VECTOR,
+    QdrantDenseRetriever,
     QdrantHybridRetriever,
     bm25_doc_vector,
+    point_ids_filter,
     sparse_vectors_config,
 )
 from .embedding_cache import EmbeddingCache, embed_texts
 from .fused_retriever import FusedIndexRetriever
+from .rwlock import ReadWriteLock
 
 logger = logging.getLogger(__name__)
 
@@ -99,17 +104,144 @@ def _write_json_atomic(path: Path, data: Dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-class _SyncDenseRetriever(VectorIndexRetriever):
-    """LlamaIndex's dense retriever whose async path runs the synchronous query.
+class IndexBusyError(RuntimeError):
+    """The index folder is open elsewhere (embedded Qdrant allows one open index per folder)."""
 
-    ``QdrantVectorStore.aquery`` needs an ``AsyncQdrantClient``, and Qdrant local mode allows one
-    client per folder, so ``aretrieve`` (e.g. a hybrid retriever's concurrent legs) would fail
-    with "Async client is not initialized". The query is fast and in-process; it runs inside the
-    event loop, as LlamaIndex does for any retriever without a native async path.
+    def __init__(self, storage_dir: Path) -> None:
+        self.storage_dir = Path(storage_dir)
+        super().__init__(
+            f"index {storage_dir} is open in another process (or another HybridIndex in this one) and the "
+            "embedded store allows one at a time: close the other one (index.close(), or end that process), "
+            "or serve the index from a Qdrant server and open it with qdrant_url=..."
+        )
+
+
+class DocumentIdConflictError(ValueError):
+    """An upsert would replace an indexed document with one read from a different file."""
+
+    def __init__(self, conflicts: Sequence[tuple[str, str, str]], storage_dir: Path) -> None:
+        self.conflicts = list(conflicts)
+        lines = "\n".join(f"  - {doc_id!r}: indexed from {old}, now from {new}" for doc_id, old, new in self.conflicts[:10])
+        more = f"\n  ... and {len(self.conflicts) - 10} more" if len(self.conflicts) > 10 else ""
+        super().__init__(
+            f"{len(self.conflicts)} document id(s) in {storage_dir} already belong to a different file; replacing "
+            f"them would drop that file from the index:\n{lines}{more}\nGive the documents distinct ids "
+            "(index their common parent folder, or pass doc_id_func=...), or pass allow_source_change=True "
+            "(rkit index --allow-source-change) if the file really moved"
+        )
+
+
+def document_origin(metadata: Dict[str, Any]) -> Optional[str]:
+    """The absolute path of the file a document or chunk was read from, or None when unknown.
+
+    ``metadata["file_path"]`` (written by this package's readers, and by LlamaIndex's
+    ``SimpleDirectoryReader``); for chunks indexed before it existed, ``source`` resolved.
     """
+    path = metadata.get("file_path") or metadata.get("source")
+    if not isinstance(path, str) or not path:
+        return None
+    try:
+        return str(Path(path).expanduser().resolve())
+    except (OSError, RuntimeError, ValueError):
+        return path
 
-    async def _aretrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
-        return self._retrieve(query_bundle)
+
+def check_unique_document_ids(documents: Sequence[Document]) -> None:
+    """Refuse two documents with one id in the same batch, naming their files."""
+    seen: Dict[str, Document] = {}
+    clashes: List[str] = []
+    for doc in documents:
+        first = seen.setdefault(doc.id_, doc)
+        if first is not doc:
+            where = [document_origin(d.metadata) or "(no file)" for d in (first, doc)]
+            clashes.append(f"{doc.id_!r} ({where[0]} and {where[1]})")
+    if clashes:
+        raise ValueError(
+            f"documents with the same id in one upsert: {'; '.join(clashes[:5])}. Give each document its own "
+            "id: read a folder (ids are paths relative to it) or pass doc_id_func=... to the reader"
+        )
+
+
+#: Options each retriever mode takes besides ``similarity_top_k``, ``filters``,
+#: ``callback_manager`` and ``verbose`` (which every mode takes). Anything else is refused.
+RETRIEVER_OPTIONS: Dict[str, tuple[str, ...]] = {
+    "hybrid": ("candidate_top_k", "weights", "dense_search"),
+    "hybrid_score": ("candidate_top_k", "weights", "dense_search"),
+    "hybrid_rrf": ("candidate_top_k", "rrf_k", "weights", "dense_search"),
+    "dense": ("dense_search",),
+    "sparse": (),
+    "qdrant_hybrid": ("candidate_top_k", "rrf_k", "weights"),
+}
+COMMON_RETRIEVER_OPTIONS: tuple[str, ...] = ("similarity_top_k", "filters", "callback_manager", "verbose")
+
+
+def check_retriever_mode(mode: Any) -> str:
+    """``mode`` if it names a retriever mode; else a ValueError listing the modes."""
+    if mode not in RETRIEVER_MODES:
+        raise ValueError(f"unknown retriever mode {mode!r}; choose one of {', '.join(RETRIEVER_MODES)}")
+    return mode
+
+
+def check_retriever_options(mode: str, options: Dict[str, Any]) -> Dict[str, Any]:
+    """The options given (``None`` = not given) after checking that ``mode`` uses each one.
+
+    An option of another mode is a ValueError naming the modes that take it; an unknown name is
+    a TypeError listing what this mode takes. Nothing is silently dropped.
+    """
+    allowed = RETRIEVER_OPTIONS[check_retriever_mode(mode)]
+    given = {k: v for k, v in options.items() if v is not None}
+    for name in given:
+        if name in allowed:
+            continue
+        takers = [m for m, names in RETRIEVER_OPTIONS.items() if name in names]
+        if takers:
+            raise ValueError(
+                f"mode={mode!r} does not use {name}=...; it applies to mode(s) {', '.join(takers)}. "
+                f"Remove it or choose one of those modes"
+            )
+        raise TypeError(
+            f"unexpected keyword argument {name!r} for a retriever in mode={mode!r}; it takes: "
+            f"{', '.join(COMMON_RETRIEVER_OPTIONS + allowed)}"
+        )
+    return given
+
+
+def _query_engine_options() -> tuple[str, ...]:
+    """The keywords ``RetrieverQueryEngine.from_args`` really uses (its ``**kwargs`` are dropped)."""
+    import inspect
+
+    from llama_index.core.query_engine import RetrieverQueryEngine
+
+    params = inspect.signature(RetrieverQueryEngine.from_args).parameters
+    return tuple(
+        name for name, p in params.items()
+        if name not in ("retriever", "llm", "self", "cls") and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+    )
+
+
+def split_query_engine_kwargs(mode: str, kwargs: Dict[str, Any]) -> tuple[Dict[str, Any], Dict[str, Any]]:
+    """Split ``as_query_engine`` keywords into (retriever options, query-engine options).
+
+    ``callback_manager`` and ``verbose`` go to both (as in LlamaIndex); a keyword that neither
+    the retriever of ``mode`` nor ``RetrieverQueryEngine.from_args`` uses raises a TypeError.
+    """
+    engine_names = _query_engine_options()
+    retriever_names = set(COMMON_RETRIEVER_OPTIONS) | set().union(*RETRIEVER_OPTIONS.values())
+    retriever_kwargs: Dict[str, Any] = {}
+    engine_kwargs: Dict[str, Any] = {}
+    for name, value in kwargs.items():
+        if name in retriever_names:
+            retriever_kwargs[name] = value
+        if name in engine_names:
+            engine_kwargs[name] = value
+        if name not in retriever_names and name not in engine_names:
+            raise TypeError(
+                f"as_query_engine() got an unexpected keyword argument {name!r}: neither the {mode!r} retriever "
+                f"({', '.join(COMMON_RETRIEVER_OPTIONS + RETRIEVER_OPTIONS[check_retriever_mode(mode)])}) nor "
+                f"RetrieverQueryEngine.from_args ({', '.join(engine_names)}) takes it"
+            )
+    check_retriever_options(mode, {k: v for k, v in retriever_kwargs.items() if k not in COMMON_RETRIEVER_OPTIONS})
+    return retriever_kwargs, engine_kwargs
 
 
 class HybridIndex:
@@ -143,6 +275,8 @@ class HybridIndex:
         self._vector_store: Any = None
         self._dense: Optional[tuple] = None  # (BM25 snapshot, DenseMatrix aligned with it)
         self._dense_lock = threading.Lock()
+        # Write side: an update changing Qdrant/BM25/docstore; read side: queries reading Qdrant.
+        self._rw_lock = ReadWriteLock()
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -257,7 +391,12 @@ class HybridIndex:
     def _open_client(storage: Path, url: Optional[str], api_key: Optional[str]) -> QdrantClient:
         if url:
             return QdrantClient(url=url, api_key=api_key)
-        return QdrantClient(path=str(storage / "qdrant"))
+        try:
+            return QdrantClient(path=str(storage / "qdrant"))
+        except RuntimeError as exc:
+            if "already accessed" in str(exc):
+                raise IndexBusyError(storage) from None
+            raise
 
     def close(self) -> None:
         """Release the Qdrant local-mode lock and the cache file."""
@@ -271,16 +410,31 @@ class HybridIndex:
         self.close()
 
     # ------------------------------------------------------------------ writes
-    def upsert(self, documents: Sequence[Document], show_progress: bool = False) -> Dict[str, int]:
-        """Add or replace documents (by ``doc_id``); unchanged chunks are not re-embedded.
+    def upsert(
+        self, documents: Sequence[Document], show_progress: bool = False, allow_source_change: bool = False
+    ) -> Dict[str, int]:
+        """Add or replace documents (by ``Document.id_``); unchanged chunks are not re-embedded.
+
+        Re-indexing the same file replaces its chunks. A document whose id is already indexed
+        for a *different* file (``metadata["file_path"]``, or ``source`` in folders built before
+        ``file_path`` existed) is refused with :class:`DocumentIdConflictError`, since replacing it
+        would silently drop the other file from the index; pass ``allow_source_change=True`` to
+        replace it anyway (e.g. a file that moved).
 
         Returns counts: documents, chunks written, chunks removed, texts embedded.
         """
         documents = list(documents)
         ids = [d.id_ for d in documents]
-        if len(set(ids)) != len(ids):
-            dup = sorted({i for i in ids if ids.count(i) > 1})
-            raise ValueError(f"documents with the same id in one upsert: {dup[:5]}")
+        check_unique_document_ids(documents)
+        if not allow_source_change:
+            conflicts = [
+                (doc.id_, old, new)
+                for doc in documents
+                for old, new in [(self._indexed_origin(doc.id_), document_origin(doc.metadata))]
+                if old is not None and new is not None and old != new
+            ]
+            if conflicts:
+                raise DocumentIdConflictError(conflicts, self.storage_dir)
         nodes = self.node_parser.get_nodes_from_documents(documents, show_progress=show_progress)
         leaves = get_leaf_nodes(nodes) if any(n.child_nodes for n in nodes) else nodes
         old_ids = set()
@@ -299,25 +453,26 @@ class HybridIndex:
         embedded = len(self.cache) - cached_before
         self._ensure_collection(vectors.shape[1] if len(leaves) else None)
 
-        self._begin(sorted(old_ids | new_ids))
-        try:
-            if leaves:
-                self._write_points(leaves, vectors)
-            if stale:
-                self.client.delete(self.config["collection"], points_selector=models.PointIdsList(points=sorted(stale)))
-            # BM25: insert_nodes replaces every indexed node of the same documents (one rebuild).
-            emptied = set(ids) - {n.ref_doc_id for n in leaves}
-            for doc_id in emptied:
-                self.bm25.delete_ref_doc(doc_id)
-            if leaves:
-                self.bm25.insert_nodes(leaves)
-            for doc_id in ids:
-                self.docstore.delete_ref_doc(doc_id, raise_error=False)
-            self.docstore.add_documents(nodes, allow_update=True)
-            self._commit()
-        except BaseException:
-            self._recover()
-            raise
+        with self._rw_lock.write():  # queries reading Qdrant wait: they see before or after
+            self._begin(sorted(old_ids | new_ids))
+            try:
+                if leaves:
+                    self._write_points(leaves, vectors)
+                if stale:
+                    self.client.delete(self.config["collection"], points_selector=models.PointIdsList(points=sorted(stale)))
+                # BM25: insert_nodes replaces every indexed node of the same documents (one rebuild).
+                emptied = set(ids) - {n.ref_doc_id for n in leaves}
+                for doc_id in emptied:
+                    self.bm25.delete_ref_doc(doc_id)
+                if leaves:
+                    self.bm25.insert_nodes(leaves)
+                for doc_id in ids:
+                    self.docstore.delete_ref_doc(doc_id, raise_error=False)
+                self.docstore.add_documents(nodes, allow_update=True)
+                self._commit()
+            except BaseException:
+                self._recover()
+                raise
         logger.info("upserted %d documents: %d chunks, %d stale removed, %d embedded", len(ids), len(nodes), len(stale), embedded)
         return {"documents": len(ids), "chunks": len(nodes), "removed": len(stale), "embedded": embedded}
 
@@ -326,20 +481,33 @@ class HybridIndex:
         node_ids = sorted(self._node_ids_of(doc_id))
         if not node_ids:
             raise ValueError(f"no document {doc_id!r} in {self.storage_dir} (known ids: {self.doc_ids()[:10]}...)")
-        self._begin(node_ids)
-        try:
-            self.client.delete(self.config["collection"], points_selector=models.PointIdsList(points=node_ids))
-            self.bm25.delete_ref_doc(doc_id)
-            self.docstore.delete_ref_doc(doc_id, raise_error=False)
-            self._commit()
-        except BaseException:
-            self._recover()
-            raise
+        with self._rw_lock.write():
+            self._begin(node_ids)
+            try:
+                self.client.delete(self.config["collection"], points_selector=models.PointIdsList(points=node_ids))
+                self.bm25.delete_ref_doc(doc_id)
+                self.docstore.delete_ref_doc(doc_id, raise_error=False)
+                self._commit()
+            except BaseException:
+                self._recover()
+                raise
         return len(node_ids)
 
     def _node_ids_of(self, doc_id: str) -> List[str]:
         info = self.docstore.get_ref_doc_info(doc_id)
         return list(info.node_ids) if info else []
+
+    def _indexed_origin(self, doc_id: str) -> Optional[str]:
+        """The file an indexed document came from (see :func:`document_origin`), if known."""
+        for node_id in self._node_ids_of(doc_id):
+            node = self.docstore.get_node(node_id, raise_error=False)
+            if node is not None:
+                return document_origin(node.metadata)
+        return None
+
+    def document_origins(self) -> Dict[str, Optional[str]]:
+        """Each indexed document id with the absolute path of the file it came from (None if unknown)."""
+        return {doc_id: self._indexed_origin(doc_id) for doc_id in self.doc_ids()}
 
     def doc_ids(self) -> List[str]:
         """The ids of the indexed documents."""
@@ -479,11 +647,9 @@ class HybridIndex:
         mode: str = "hybrid",
         similarity_top_k: int = 10,
         filters: Optional[MetadataFilters] = None,
-        candidate_top_k: int = 100,
-        rrf_k: float = 60,
-        weights: Optional[Sequence[float]] = None,
-        dense_search: str = "auto",
-        **kwargs: Any,
+        callback_manager: Optional[CallbackManager] = None,
+        verbose: bool = False,
+        **options: Any,
     ) -> BaseRetriever:
         """A retriever over this index.
 
@@ -496,21 +662,34 @@ class HybridIndex:
         * ``"dense"``, ``"sparse"`` (BM25): one leg;
         * ``"qdrant_hybrid"``: RRF inside Qdrant (the path for a Qdrant server or cluster).
 
-        ``filters`` apply to every leg; ``candidate_top_k`` is each leg's depth. ``dense_search``:
-        ``"memory"`` (exact cosine over the stored vectors in numpy; fused modes then fuse in
-        arrays), ``"qdrant"`` (Qdrant's own search) or ``"auto"`` (memory in local mode, Qdrant
-        for a server).
+        Every mode takes ``similarity_top_k``, ``filters``, ``callback_manager`` and ``verbose``.
+        ``filters`` mean the same in every mode: they are evaluated on each chunk's metadata
+        (``metadata["doc_id"]``, not Qdrant's payload copy of ``Document.id_``) by
+        :func:`~llama_index_retrieval_kit.retrievers.filters.metadata_matches`, and Qdrant is
+        asked for exactly the matching chunks. Further options, per mode (:data:`RETRIEVER_OPTIONS`):
+        ``candidate_top_k`` (each leg's depth, default 100), ``weights`` (per leg, ``[bm25,
+        dense]``), ``rrf_k`` (default 60), ``dense_search``: ``"memory"`` (exact cosine over the
+        stored vectors in numpy; fused modes then fuse in arrays), ``"qdrant"`` (Qdrant's own
+        search) or ``"auto"`` (memory in local mode, Qdrant for a server). An option a mode does
+        not use is refused (``ValueError``), an unknown one too (``TypeError``); ``None`` means
+        "not given".
         """
-        if mode not in RETRIEVER_MODES:
-            raise ValueError(f"unknown retriever mode {mode!r}; choose one of {', '.join(RETRIEVER_MODES)}")
+        mode = check_retriever_mode(mode)
+        check_positive_int("similarity_top_k", similarity_top_k)
+        filters = validate_filters(filters)
+        given = check_retriever_options(mode, options)
+        common = {"callback_manager": callback_manager, "verbose": verbose}
+        dense_search = given.get("dense_search", "auto")
         if dense_search not in DENSE_SEARCH:
             raise ValueError(f"unknown dense_search {dense_search!r}; choose one of {', '.join(DENSE_SEARCH)}")
-        if similarity_top_k < 1:
-            raise ValueError(f"similarity_top_k must be >= 1, got {similarity_top_k}")
+        candidate_top_k = check_positive_int("candidate_top_k", given.get("candidate_top_k", 100))
+        rrf_k = given.get("rrf_k", DEFAULT_RRF_K)
+        weights = given.get("weights")
         if mode == "sparse":
-            return self._bm25_view(filters, similarity_top_k)
+            return self._bm25_view(filters, similarity_top_k, **common)
         if mode == "dense":
-            return self._dense_retriever(filters, similarity_top_k, dense_search)
+            return self._dense_retriever(filters, similarity_top_k, dense_search, **common)
+        depth = max(candidate_top_k, similarity_top_k)
         if mode == "qdrant_hybrid":
             if weights is not None and len({float(w) for w in weights}) > 1:
                 raise ValueError(
@@ -522,14 +701,15 @@ class HybridIndex:
                 self.config["collection"],
                 self.embed_model,
                 self.bm25.tokenize,
-                self.vector_store._build_query_filter,
                 similarity_top_k=similarity_top_k,
-                candidate_top_k=max(candidate_top_k, similarity_top_k),
+                candidate_top_k=depth,
                 rrf_k=rrf_k,  # QdrantHybridRetriever rejects a non-integer k instead of truncating it
                 filters=filters,
+                point_filter=self._point_filter(filters),
+                read_guard=self._rw_lock.read,
+                **common,
             )
         fusion = "rrf" if mode == "hybrid_rrf" else "score"
-        depth = max(candidate_top_k, similarity_top_k)
         if self._dense_in_memory(dense_search):
             return FusedIndexRetriever(
                 self._bm25_view(filters, depth),
@@ -540,7 +720,7 @@ class HybridIndex:
                 weights=weights,
                 candidate_top_k=depth,
                 similarity_top_k=similarity_top_k,
-                **kwargs,
+                **common,
             )
         legs = [self._bm25_view(filters, depth), self._dense_retriever(filters, depth, dense_search)]
         return HybridRetriever(
@@ -550,20 +730,49 @@ class HybridIndex:
             rrf_k=rrf_k,
             weights=weights,
             similarity_top_k=similarity_top_k,
-            **kwargs,
+            **common,
         )
 
     def _dense_in_memory(self, dense_search: str) -> bool:
         return dense_search == "memory" or (dense_search == "auto" and not self.config.get("qdrant_url"))
 
-    def _bm25_view(self, filters: Optional[MetadataFilters], top_k: int) -> BM25Retriever:
-        return self.bm25.with_filters(filters, similarity_top_k=top_k)
+    def _bm25_view(self, filters: Optional[MetadataFilters], top_k: int, **common: Any) -> BM25Retriever:
+        return self.bm25.with_filters(filters, similarity_top_k=top_k, **common)
 
-    def _dense_retriever(self, filters: Optional[MetadataFilters], top_k: int, dense_search: str = "auto") -> BaseRetriever:
+    def _dense_retriever(
+        self, filters: Optional[MetadataFilters], top_k: int, dense_search: str = "auto", **common: Any
+    ) -> BaseRetriever:
         if self._dense_in_memory(dense_search):
-            return ExactDenseRetriever(self.dense_matrix, self.embed_model, similarity_top_k=top_k, filters=filters)
-        index = VectorStoreIndex.from_vector_store(self.vector_store, embed_model=self.embed_model)
-        return _SyncDenseRetriever(index, similarity_top_k=top_k, filters=filters, embed_model=self.embed_model)
+            return ExactDenseRetriever(self.dense_matrix, self.embed_model, similarity_top_k=top_k, filters=filters, **common)
+        return QdrantDenseRetriever(
+            self.client,
+            self.config["collection"],
+            self.embed_model,
+            similarity_top_k=top_k,
+            filters=filters,
+            point_filter=self._point_filter(filters),
+            read_guard=self._rw_lock.read,
+            **common,
+        )
+
+    def _point_filter(self, filters: Optional[MetadataFilters]) -> Optional[Callable[[], Any]]:
+        """For Qdrant-side search: a callable giving the Qdrant filter that admits exactly the
+        chunks ``filters`` matches, evaluated on the indexed chunks' metadata as every in-memory
+        leg does (one meaning for a filter in every mode). Cached per index state."""
+        if filters is None:
+            return None
+        cache: Dict[str, Any] = {"snapshot": None, "filter": None}
+
+        def point_filter() -> Any:
+            snapshot = self.bm25.snapshot
+            if cache["snapshot"] is not snapshot:
+                allowed, excluded = [], []
+                for node in snapshot.nodes:
+                    (allowed if metadata_matches(node.metadata, filters) else excluded).append(node.node_id)
+                cache["filter"], cache["snapshot"] = point_ids_filter(allowed, excluded), snapshot
+            return cache["filter"]
+
+        return point_filter
 
     def dense_matrix(self, snapshot: Any = None) -> DenseMatrix:
         """The indexed dense vectors as a matrix whose rows follow the BM25 index's node order.
@@ -594,14 +803,15 @@ class HybridIndex:
             return DenseMatrix.build(nodes, np.zeros((len(nodes), dim), dtype=np.float32)), True
         stored: Dict[str, Any] = {}
         offset = None
-        while True:
-            points, offset = self.client.scroll(
-                name, limit=SCROLL_PAGE, offset=offset, with_payload=False, with_vectors=[DENSE_VECTOR]
-            )
-            for point in points:
-                stored[str(point.id)] = point.vector[DENSE_VECTOR]
-            if offset is None:
-                break
+        with self._rw_lock.read():  # all pages from one state of Qdrant
+            while True:
+                points, offset = self.client.scroll(
+                    name, limit=SCROLL_PAGE, offset=offset, with_payload=False, with_vectors=[DENSE_VECTOR]
+                )
+                for point in points:
+                    stored[str(point.id)] = point.vector[DENSE_VECTOR]
+                if offset is None:
+                    break
         missing = [n.node_id for n in nodes if n.node_id not in stored]
         extra = len(stored) - (len(nodes) - len(missing))
         vectors = np.zeros((len(nodes), dim), dtype=np.float32)
@@ -624,14 +834,22 @@ class HybridIndex:
         return DenseMatrix.build(nodes, vectors), complete
 
     def as_query_engine(self, llm: Any = None, mode: str = "hybrid", similarity_top_k: int = 5, **kwargs: Any) -> Any:
-        """A ``RetrieverQueryEngine`` over :meth:`as_retriever`; ``llm`` defaults to LlamaIndex's."""
+        """A ``RetrieverQueryEngine`` over :meth:`as_retriever`; ``llm`` defaults to ``Settings.llm``.
+
+        As with ``VectorStoreIndex.as_query_engine``, retriever options (``filters``,
+        ``candidate_top_k``, ...; see :meth:`as_retriever`) go to the retriever and the
+        rest to ``RetrieverQueryEngine.from_args`` (``node_postprocessors``, ``response_mode``,
+        ``text_qa_template``, ``streaming``, ...); ``callback_manager`` and ``verbose`` go to both.
+        A keyword neither takes is refused (``TypeError``), never dropped.
+        """
         from llama_index.core import Settings
         from llama_index.core.query_engine import RetrieverQueryEngine
 
+        retriever_kwargs, engine_kwargs = split_query_engine_kwargs(mode, kwargs)
         if llm is None and getattr(Settings, "_llm", None) is None:
             raise ValueError(
                 "as_query_engine needs an LLM: pass llm=... (any LlamaIndex LLM) or set "
                 "llama_index.core.Settings.llm; this package never falls back to a paid API"
             )
-        retriever = self.as_retriever(mode=mode, similarity_top_k=similarity_top_k)
-        return RetrieverQueryEngine.from_args(retriever, llm=llm, **kwargs)
+        retriever = self.as_retriever(mode=mode, similarity_top_k=similarity_top_k, **retriever_kwargs)
+        return RetrieverQueryEngine.from_args(retriever, llm=llm, **engine_kwargs)

@@ -25,6 +25,7 @@ BOOKKEEPING_KEYS = (
     "parent_char_end",
     "parent_text",
     "file_name",
+    "file_path",
 )
 #: Keys shown to the LLM (for citations) but not embedded.
 CITATION_KEYS = ("source", "section_title", "page_start", "page_end")

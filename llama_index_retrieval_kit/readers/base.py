@@ -2,8 +2,13 @@
 
 Document metadata (inherited by chunk parsers, see ``docs/architecture.md``):
 
-* ``doc_id`` - the document id (also ``Document.id_``), the file name by default;
-* ``source`` - the path the document was read from; ``file_name``;
+* ``doc_id`` - the document id (also ``Document.id_``): by default the file name for a file
+  read directly, and the path relative to the folder (POSIX ``/``) for a file found in a folder
+  (:func:`folder_doc_id`), so two ``terms.md`` in different sub-folders never share an id;
+  ``doc_id_func=`` sets your own;
+* ``source`` - the path the document was read from, as given; ``file_name``;
+* ``file_path`` - the absolute path of the file (bookkeeping: ``HybridIndex.upsert`` uses it
+  to refuse replacing one file's document with another file's);
 * ``page_starts`` - character offset in ``Document.text`` where each page starts
   (page ``i`` spans ``[page_starts[i], page_starts[i + 1])``, pages numbered from 1 in chunks);
 * ``outline`` - PDF bookmarks as ``{"title", "level", "page"}`` (page 0-based), when present.
@@ -65,8 +70,33 @@ class FileReadError(ValueError):
 
 
 def default_doc_id(path: Path) -> str:
-    """The file name: stable across machines and folders."""
+    """The file name, for a file read directly: stable across machines and folders."""
     return path.name
+
+
+def folder_doc_id(folder: Path) -> Callable[[Path], str]:
+    """Ids for the files found under ``folder``: their path relative to it, with ``/``.
+
+    ``contracts/clientA/terms.md`` read from ``contracts`` is ``clientA/terms.md``; a file
+    directly in the folder keeps its bare name (the id older versions gave every file).
+    """
+    root = Path(folder)
+
+    def doc_id(path: Path) -> str:
+        try:
+            return Path(path).relative_to(root).as_posix()
+        except ValueError:
+            return Path(path).name
+
+    return doc_id
+
+
+def absolute_path(path: Path) -> str:
+    """``path`` made absolute (symlinks resolved where possible), as a string."""
+    try:
+        return str(Path(path).expanduser().resolve())
+    except (OSError, RuntimeError):
+        return str(Path(path).absolute())
 
 
 class FileReader(BasePydanticReader):
@@ -124,5 +154,6 @@ def base_metadata(path: Path, page_starts: Sequence[int]) -> dict:
     return {
         "source": str(path),
         "file_name": path.name,
+        "file_path": absolute_path(path),
         "page_starts": list(page_starts),
     }

@@ -510,16 +510,30 @@ class BM25Retriever(BaseRetriever):
         return self._tokenize(text)
 
     def with_filters(
-        self, filters: Optional[MetadataFilters], similarity_top_k: Optional[int] = None
+        self,
+        filters: Optional[MetadataFilters],
+        similarity_top_k: Optional[int] = None,
+        callback_manager: Optional[CallbackManager] = None,
+        verbose: Optional[bool] = None,
     ) -> "BM25Retriever":
         """A view of this index with other metadata filters (None: unfiltered) and, optionally,
-        another number of results; shares the index."""
+        another number of results, callback manager or verbosity; shares the index."""
         view = copy.copy(self)
         view._filters = validate_filters(filters)
         if similarity_top_k is not None:
             check_positive_int("similarity_top_k", similarity_top_k)
             view._similarity_top_k = similarity_top_k
+        if callback_manager is not None:
+            view.callback_manager = callback_manager
+        if verbose is not None:
+            view._verbose = bool(verbose)
         return view
+
+    @property
+    def snapshot(self) -> _Snapshot:
+        """The current immutable state (nodes in index order, bm25s index); an update swaps in a
+        new one, so holding this object pins one consistent state."""
+        return self._shared.snapshot
 
     # ----- retrieval --------------------------------------------------------------------------
 

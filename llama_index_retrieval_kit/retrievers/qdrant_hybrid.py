@@ -27,7 +27,8 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections import Counter
-from typing import Any, Callable, List, Optional, Sequence
+from contextlib import nullcontext
+from typing import Any, Callable, ContextManager, List, Optional, Sequence
 
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.embeddings.base import BaseEmbedding
@@ -35,6 +36,10 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 from llama_index.core.vector_stores.types import MetadataFilters, VectorStoreQuery
 from llama_index.core.vector_stores.utils import metadata_dict_to_node
 from qdrant_client import QdrantClient, models
+
+from .checks import check_positive_int
+from .exact_dense import query_embedding
+from .filters import validate_filters
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +77,19 @@ def bm25_query_vector(tokens: Sequence[str]) -> models.SparseVector:
     return models.SparseVector(indices=ids, values=[float(counts[i]) for i in ids])
 
 
+def point_ids_filter(allowed_ids: Sequence[str], excluded_ids: Sequence[str]) -> models.Filter:
+    """A Qdrant filter admitting exactly ``allowed_ids`` (all other points are ``excluded_ids``).
+
+    Whichever list is shorter goes into the request (``has_id``, or ``must_not`` ``has_id``); an
+    empty allowed list admits nothing.
+    """
+    if len(excluded_ids) < len(allowed_ids):
+        if not excluded_ids:
+            return models.Filter()
+        return models.Filter(must_not=[models.HasIdCondition(has_id=list(excluded_ids))])
+    return models.Filter(must=[models.HasIdCondition(has_id=list(allowed_ids))])
+
+
 def sparse_vectors_config() -> dict[str, models.SparseVectorParams]:
     """The sparse vector of a hybrid collection: BM25 weights with Qdrant's IDF modifier."""
     return {SPARSE_VECTOR: models.SparseVectorParams(modifier=models.Modifier.IDF)}
@@ -86,12 +104,18 @@ class QdrantHybridRetriever(BaseRetriever):
             written by :class:`~llama_index_retrieval_kit.HybridIndex`.
         embed_model: The embedding model the dense vectors were made with.
         tokenize: The BM25 tokenizer the sparse vectors were made with.
-        filter_builder: Turns LlamaIndex ``MetadataFilters`` into a Qdrant filter
-            (``QdrantVectorStore._build_query_filter``); applied to every prefetch.
+        filter_builder: Turns LlamaIndex ``MetadataFilters`` into a Qdrant filter (e.g.
+            ``QdrantVectorStore._build_query_filter``); applied to every prefetch. Optional
+            when ``point_filter`` is given or there are no ``filters``.
         similarity_top_k: Results returned.
         candidate_top_k: Depth of each leg before fusion.
         rrf_k: RRF constant in our convention (ranks from 1).
-        filters: Metadata filters for every query.
+        filters: Metadata filters for every query (validated here).
+        point_filter: Called once per query, returns the Qdrant filter that implements
+            ``filters`` (takes precedence over ``filter_builder``). ``HybridIndex`` passes one
+            that admits exactly the chunks ``filters`` matches in every other mode.
+        read_guard: Called once per query, returns a context manager held while Qdrant is read
+            (``HybridIndex`` passes its read lock, so a query never sees half an update).
     """
 
     def __init__(
@@ -100,15 +124,22 @@ class QdrantHybridRetriever(BaseRetriever):
         collection_name: str,
         embed_model: BaseEmbedding,
         tokenize: Callable[[str], List[str]],
-        filter_builder: Callable[[VectorStoreQuery], Any],
+        filter_builder: Optional[Callable[[VectorStoreQuery], Any]] = None,
         similarity_top_k: int = 10,
         candidate_top_k: int = 100,
         rrf_k: int = 60,
         filters: Optional[MetadataFilters] = None,
+        point_filter: Optional[Callable[[], Optional[models.Filter]]] = None,
+        read_guard: Optional[Callable[[], ContextManager[Any]]] = None,
         **kwargs: Any,
     ) -> None:
-        if similarity_top_k < 1:
-            raise ValueError(f"similarity_top_k must be >= 1, got {similarity_top_k}")
+        check_positive_int("similarity_top_k", similarity_top_k)
+        check_positive_int("candidate_top_k", candidate_top_k)
+        if isinstance(rrf_k, bool) or not isinstance(rrf_k, (int, float)):
+            raise ValueError(f"rrf_k must be a non-negative integer for Qdrant, got {rrf_k!r}")
+        filters = validate_filters(filters)
+        if filters is not None and point_filter is None and filter_builder is None:
+            raise ValueError("filters need a filter_builder (MetadataFilters -> Qdrant filter) or a point_filter")
         if candidate_top_k < similarity_top_k:
             raise ValueError(f"candidate_top_k ({candidate_top_k}) must be >= similarity_top_k ({similarity_top_k})")
         if rrf_k < 0 or int(rrf_k) != rrf_k:
@@ -119,6 +150,8 @@ class QdrantHybridRetriever(BaseRetriever):
         self._embed_model = embed_model
         self._tokenize = tokenize
         self._filter_builder = filter_builder
+        self._point_filter = point_filter
+        self._read_guard = read_guard or nullcontext
         self.similarity_top_k = similarity_top_k
         self.candidate_top_k = candidate_top_k
         self.rrf_k = int(rrf_k)
@@ -127,11 +160,17 @@ class QdrantHybridRetriever(BaseRetriever):
     def _query_filter(self) -> Any:
         if self.filters is None:
             return None
-        return self._filter_builder(VectorStoreQuery(filters=self.filters))
+        if self._point_filter is not None:
+            return self._point_filter()
+        return self._filter_builder(VectorStoreQuery(filters=self.filters))  # type: ignore[misc]
 
     def _retrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
-        dense = query_bundle.embedding or self._embed_model.get_query_embedding(query_bundle.query_str)
+        dense = query_embedding(query_bundle, self._embed_model)
         sparse = bm25_query_vector(self._tokenize(query_bundle.query_str))
+        with self._read_guard():
+            return self._query(dense, sparse)
+
+    def _query(self, dense: Sequence[float], sparse: models.SparseVector) -> List[NodeWithScore]:
         flt = self._query_filter()
         prefetch = [models.Prefetch(query=list(dense), using=DENSE_VECTOR, limit=self.candidate_top_k, filter=flt)]
         if sparse.indices:
@@ -149,3 +188,57 @@ class QdrantHybridRetriever(BaseRetriever):
             node = metadata_dict_to_node(point.payload)
             results.append(NodeWithScore(node=node, score=float(point.score)))
         return results
+
+
+class QdrantDenseRetriever(BaseRetriever):
+    """Dense search run by Qdrant (``query_points`` on the dense vector), cosine scores.
+
+    The dense leg of a ``HybridIndex`` on a Qdrant server. Filters work as in
+    :class:`QdrantHybridRetriever` (``point_filter`` / ``filter_builder``), and so does ``read_guard``.
+    """
+
+    def __init__(
+        self,
+        client: QdrantClient,
+        collection_name: str,
+        embed_model: BaseEmbedding,
+        similarity_top_k: int = 10,
+        filters: Optional[MetadataFilters] = None,
+        filter_builder: Optional[Callable[[VectorStoreQuery], Any]] = None,
+        point_filter: Optional[Callable[[], Optional[models.Filter]]] = None,
+        read_guard: Optional[Callable[[], ContextManager[Any]]] = None,
+        **kwargs: Any,
+    ) -> None:
+        check_positive_int("similarity_top_k", similarity_top_k)
+        filters = validate_filters(filters)
+        if filters is not None and point_filter is None and filter_builder is None:
+            raise ValueError("filters need a filter_builder (MetadataFilters -> Qdrant filter) or a point_filter")
+        super().__init__(**kwargs)
+        self._client = client
+        self._collection = collection_name
+        self._embed_model = embed_model
+        self._filter_builder = filter_builder
+        self._point_filter = point_filter
+        self._read_guard = read_guard or nullcontext
+        self.similarity_top_k = similarity_top_k
+        self.filters = filters
+
+    def _query_filter(self) -> Any:
+        if self.filters is None:
+            return None
+        if self._point_filter is not None:
+            return self._point_filter()
+        return self._filter_builder(VectorStoreQuery(filters=self.filters))  # type: ignore[misc]
+
+    def _retrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
+        dense = query_embedding(query_bundle, self._embed_model)
+        with self._read_guard():
+            response = self._client.query_points(
+                collection_name=self._collection,
+                query=list(dense),
+                using=DENSE_VECTOR,
+                limit=self.similarity_top_k,
+                query_filter=self._query_filter(),
+                with_payload=True,
+            )
+        return [NodeWithScore(node=metadata_dict_to_node(p.payload), score=float(p.score)) for p in response.points]
