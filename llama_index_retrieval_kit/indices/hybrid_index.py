@@ -146,6 +146,22 @@ def document_origin(metadata: Dict[str, Any]) -> Optional[str]:
         return path
 
 
+def check_document_text(doc: Any) -> None:
+    """Refuse a document whose text or string metadata is not valid Unicode (lone surrogates,
+    e.g. from ``bytes.decode(errors="surrogateescape")``): tokenizers and JSON cannot take it."""
+    if not isinstance(doc, Document):
+        raise ValueError(f"upsert takes llama_index Document objects, got {type(doc).__name__}")
+    fields = [("text", doc.text)] + [(f"metadata[{k!r}]", v) for k, v in doc.metadata.items() if isinstance(v, str)]
+    for where, value in fields:
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError(
+                f"document {doc.id_!r}: {where} has an invalid character (lone surrogate {value[exc.start]!r} at "
+                f"position {exc.start}); clean it first, e.g. text.encode('utf-8', 'replace').decode('utf-8')"
+            ) from None
+
+
 def check_unique_document_ids(documents: Sequence[Document]) -> None:
     """Refuse two documents with one id in the same batch, naming their files."""
     seen: Dict[str, Document] = {}
@@ -424,6 +440,8 @@ class HybridIndex:
         Returns counts: documents, chunks written, chunks removed, texts embedded.
         """
         documents = list(documents)
+        for doc in documents:
+            check_document_text(doc)
         ids = [d.id_ for d in documents]
         check_unique_document_ids(documents)
         if not allow_source_change:

@@ -298,3 +298,13 @@ def test_qdrant_reads_never_see_half_an_update(uuid_index: HybridIndex, monkeypa
         uuid_index.delete("uuid-9")
     assert results[0].node.metadata["doc_id"] == "contract-9"
     assert {r.node.node_id for r in results} <= after  # every result is in the committed state
+
+
+def test_document_with_a_lone_surrogate_is_refused_by_name(index: HybridIndex) -> None:
+    before = index.doc_ids()
+    bad = Document(id_="bad.txt", text="Fees \ud800 apply.", metadata={"doc_id": "bad.txt"})
+    with pytest.raises(ValueError, match=r"'bad.txt': text has an invalid character .* position 5"):
+        index.upsert([bad])
+    with pytest.raises(ValueError, match="Document objects"):
+        index.upsert(["just a string"])
+    assert index.doc_ids() == before
