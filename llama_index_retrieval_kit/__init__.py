@@ -8,6 +8,7 @@ the evaluation package measures it.
 from .embeddings import FastHuggingFaceEmbedding
 from .indices import DocumentIdConflictError, EmbeddingCache, HybridIndex, IndexBusyError
 from .node_parser import SectionHierarchyNodeParser, SectionWindowNodeParser
+from .postprocessor import NoAnswerPostprocessor
 from .readers import DocumentReadError, FileReadError, MarkdownReader, PagedPDFReader, TextFileReader
 from .retrievers import (
     BM25Retriever,
@@ -43,4 +44,5 @@ __all__ = [
     "EmbeddingCache",
     "ExactDenseRetriever",
     "FastHuggingFaceEmbedding",
+    "NoAnswerPostprocessor",
 ]
