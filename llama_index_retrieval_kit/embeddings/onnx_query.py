@@ -11,6 +11,12 @@ every later query. Pooling and normalisation are sentence-transformers' own sett
 pooling, optional unit length). Anything this path cannot reproduce exactly (other module
 stacks, prompts excluded from pooling, a failed export or check, ``onnxruntime`` not installed)
 falls back to PyTorch with one warning, so the vectors are always the model's.
+
+Privacy: ONNX Runtime's telemetry is turned off before this module first imports it
+(``ORT_DISABLE_TELEMETRY=1`` unless already set, then ``onnxruntime.disable_telemetry_events()``).
+Without that, importing onnxruntime writes a device id and an event store under
+``~/.cache/Microsoft/DeveloperTools/.onnxruntime`` (``$XDG_CACHE_HOME`` when set). A process that
+imported onnxruntime itself before has already written them.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import hashlib
 import inspect
 import logging
 import os
+import sys
 import tempfile
 import threading
 import warnings
@@ -29,9 +36,13 @@ import numpy as np
 from llama_index.embeddings.huggingface import HuggingFaceEmbedding
 from pydantic import Field, PrivateAttr
 
+from ..retrievers.checks import check_query_text
+
 logger = logging.getLogger(__name__)
 
 CACHE_ENV = "RKIT_CACHE_DIR"
+#: Read by ONNX Runtime when it is imported: "1" keeps it from writing telemetry files ("0" lets it).
+ORT_TELEMETRY_ENV = "ORT_DISABLE_TELEMETRY"
 _PROBES = (
     "What is the annual fee?",
     "0-dimensional biomaterials show inductive properties.",
@@ -43,6 +54,16 @@ def default_cache_dir() -> Path:
     """Where exported ONNX models live: ``$RKIT_CACHE_DIR`` or ``~/.cache/llama_index_retrieval_kit``."""
     env = os.environ.get(CACHE_ENV)
     return Path(env) if env else Path.home() / ".cache" / "llama_index_retrieval_kit"
+
+
+def import_onnxruntime() -> Any:
+    """``onnxruntime``, imported with its telemetry off (see the module doc); ImportError if absent."""
+    if "onnxruntime" not in sys.modules:
+        os.environ.setdefault(ORT_TELEMETRY_ENV, "1")
+    import onnxruntime
+
+    onnxruntime.disable_telemetry_events()
+    return onnxruntime
 
 
 def weights_fingerprint(module: Any, extra: str = "") -> str:
@@ -123,6 +144,7 @@ def _export_onnx(auto_model: Any, input_names: List[str], sample: dict, path: Pa
 def _fuse_transformer_ops(onnx_path: str, config: Any) -> None:
     """Rewrite ``onnx_path`` with ONNX Runtime's BERT fusions; leave it as is when that fails."""
     try:
+        import_onnxruntime()
         from onnxruntime.transformers import optimizer
 
         fused = optimizer.optimize_model(
@@ -192,6 +214,7 @@ class FastHuggingFaceEmbedding(HuggingFaceEmbedding):
 
     # ------------------------------------------------------------------ query path
     def _get_query_embedding(self, query: str) -> List[float]:
+        check_query_text(query)
         if self.onnx_active:
             return self._onnx_embed([query], prompt_name="query")[0].tolist()
         return super()._get_query_embedding(query)
@@ -239,7 +262,7 @@ class FastHuggingFaceEmbedding(HuggingFaceEmbedding):
     def _prepare_onnx(self) -> Optional[str]:
         """Export/load the ONNX model and check it; returns why it cannot be used, or None."""
         try:
-            import onnxruntime as ort
+            ort = import_onnxruntime()
         except ImportError:
             return "onnxruntime is not installed (pip install onnxruntime)"
         modules = list(self._model)

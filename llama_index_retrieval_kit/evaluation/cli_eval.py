@@ -71,6 +71,11 @@ def add_eval_subparser(subparsers: Any) -> argparse.ArgumentParser:
         "--embedding-cache", default=None, metavar="SQLITE",
         help="an embedding cache file (EmbeddingCache SQLite) to copy vectors from, read only",
     )
+    parser.add_argument(
+        "--allow-unmatched-references", action="store_true",
+        help="score even when none of the dataset's reference doc ids names an indexed document "
+        "(by default an error: --docs probably holds other documents than the dataset is about)",
+    )
     parser.set_defaults(func=cmd_eval)
     return parser
 
@@ -94,6 +99,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         relevance=args.relevance,
         embedding_cache=args.embedding_cache,
         show_progress=not getattr(args, "quiet", False),
+        allow_unmatched_references=getattr(args, "allow_unmatched_references", False),
     )
     k = main_k(result.ks)
     keys = [f"ndcg@{k}", f"recall@{k}", f"mrr@{k}", f"recall@{max(result.ks)}"]

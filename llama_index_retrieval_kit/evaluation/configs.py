@@ -323,6 +323,13 @@ def load_config_file(path: str | Path) -> EvalConfig:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
         raise ConfigError(str(file_path), f"not valid YAML{where}: {getattr(exc, 'problem', None) or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(str(file_path), f"not UTF-8 text (byte {exc.start}: {exc.reason}); save it as UTF-8 YAML") from exc
+    except RecursionError:
+        raise ConfigError(str(file_path), "nested too deeply to read (lists/mappings inside each other); "
+                          "a configuration nests at most two levels") from None
+    except OSError as exc:
+        raise ConfigError(str(file_path), f"cannot read: {exc.strerror or exc}") from exc
     if data is None:
         raise ConfigError(str(file_path), "the file is empty; it needs at least 'retriever: <name>'")
     return config_from_dict(data, source=str(file_path), default_name=file_path.stem)

@@ -16,6 +16,8 @@ import gzip
 import json
 import logging
 import re
+import reprlib
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Iterator
@@ -25,6 +27,13 @@ logger = logging.getLogger(__name__)
 #: Fields of a JSONL question line; others are ignored (with a warning, to catch typos).
 JSONL_FIELDS = ("id", "question", "reference_answer", "reference_contexts", "reference_doc_ids")
 _SPLIT_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+#: A JSON escape of a UTF-16 surrogate: the only way a lone surrogate gets into a parsed line.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+#: Nesting (arrays/objects inside each other) past which a line is reported as too deep.
+_MAX_NESTING = 100
+_SHORT_REPR = reprlib.Repr()
+_SHORT_REPR.maxlevel, _SHORT_REPR.maxstring, _SHORT_REPR.maxother = 3, 80, 80
 
 
 class DatasetFormatError(ValueError):
@@ -98,6 +107,48 @@ class RetrievalDataset:
 # --------------------------------------------------------------------------------------------
 
 
+def _error_name(exc: BaseException) -> str:
+    """``zlib.error``, ``gzip.BadGzipFile``, ``EOFError``: an exception's type as users can look it up."""
+    module = type(exc).__module__
+    return type(exc).__name__ if module == "builtins" else f"{module}.{type(exc).__name__}"
+
+
+def _show(value: Any) -> str:
+    """A short repr of a value from a file, for error messages (long or deep values cut)."""
+    return _SHORT_REPR.repr(value)
+
+
+def _deep_field(line: str, limit: int = _MAX_NESTING) -> str | None:
+    """The top-level key of the JSON object ``line`` whose value nests deeper than ``limit``.
+
+    A linear scan (strings skipped, brackets counted); None when the line is not an object or
+    no key was seen before that depth.
+    """
+    depth, key, last_string, start, in_string, escaped = 0, None, None, 0, False, False
+    for position, char in enumerate(line):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string, last_string = False, line[start : position + 1]
+        elif char == '"':
+            in_string, start = True, position
+        elif char in "[{":
+            depth += 1
+            if depth > limit:
+                return key
+        elif char in "]}":
+            depth -= 1
+        elif char == ":" and depth == 1 and last_string is not None:
+            try:
+                key = json.loads(last_string)
+            except ValueError:
+                key = last_string
+    return None
+
+
 def _open_text(path: Path) -> IO[str]:
     """``path`` opened for reading UTF-8 text, gunzipped when it ends in ``.gz``."""
     if path.suffix == ".gz":
@@ -114,8 +165,9 @@ def _numbered_lines(path: Path) -> Iterator[tuple[int, str]]:
                     yield number, line
     except UnicodeDecodeError as exc:
         raise DatasetFormatError(path, f"not UTF-8 text ({exc.reason})") from exc
-    except (OSError, EOFError) as exc:  # e.g. a truncated or non-gzip .gz file
-        raise DatasetFormatError(path, f"cannot read: {exc}") from exc
+    except (OSError, EOFError, zlib.error) as exc:  # e.g. a truncated, damaged or non-gzip .gz file
+        reason = f"cannot read ({_error_name(exc)}: {exc}); the file is damaged or not what its name says"
+        raise DatasetFormatError(path, reason) from exc
 
 
 def _json_objects(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -125,9 +177,48 @@ def _json_objects(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
             raise DatasetFormatError(path, f"invalid JSON ({exc.msg} at column {exc.colno})", number) from exc
+        except RecursionError:
+            raise DatasetFormatError(
+                path,
+                "JSON nested too deeply to read (arrays/objects inside each other, deeper than the JSON reader "
+                "allows); a dataset line holds strings and lists of strings: fix or remove this line",
+                number,
+                _deep_field(line),
+            ) from None
         if not isinstance(obj, dict):
             raise DatasetFormatError(path, f"expected a JSON object, got {type(obj).__name__}", number)
+        if _SURROGATE_ESCAPE.search(line):
+            bad = _lone_surrogate(obj)
+            if bad is not None:
+                field_name, char, position = bad
+                raise DatasetFormatError(
+                    path,
+                    f"lone surrogate {char!r} at position {position} (an unpaired \\u escape): not valid Unicode text; "
+                    "fix the text, e.g. with text.encode('utf-8', 'replace').decode()",
+                    number,
+                    field_name,
+                )
         yield number, obj
+
+
+def _strings_of(value: Any) -> list[str]:
+    """``value`` if it is a string, its string items if it is a list, else nothing."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list):
+        return [item for item in value if isinstance(item, str)]
+    return []
+
+
+def _lone_surrogate(obj: dict[str, Any]) -> tuple[str, str, int] | None:
+    """(field, character, position) of the first lone surrogate in a top-level key, string or
+    list-of-strings item of ``obj``; None when there is none."""
+    for name, value in obj.items():
+        for text in (name, *_strings_of(value)):
+            found = _SURROGATE.search(text)
+            if found is not None:
+                return name, found.group(), found.start()
+    return None
 
 
 def _first_existing(folder: Path, names: list[str]) -> Path | None:
@@ -150,7 +241,7 @@ def _with_gz(names: list[str]) -> list[str]:
 def _beir_id(path: Path, number: int, obj: dict[str, Any]) -> str:
     value = obj.get("_id")
     if isinstance(value, bool) or not isinstance(value, (str, int)) or str(value) == "":
-        raise DatasetFormatError(path, f"must be a non-empty string, got {value!r}", number, "_id")
+        raise DatasetFormatError(path, f"must be a non-empty string, got {_show(value)}", number, "_id")
     return str(value)
 
 
@@ -159,7 +250,7 @@ def _beir_text(path: Path, number: int, obj: dict[str, Any], name: str, required
     if value is None and not required:
         return ""
     if not isinstance(value, str):
-        raise DatasetFormatError(path, f"must be a string, got {value!r}", number, name)
+        raise DatasetFormatError(path, f"must be a string, got {_show(value)}", number, name)
     return value
 
 
@@ -301,7 +392,7 @@ def _string_list(path: Path, number: int, obj: dict[str, Any], name: str) -> lis
         raise DatasetFormatError(path, f"must be a list of strings, got {type(value).__name__}", number, name)
     for position, item in enumerate(value):
         if not isinstance(item, str) or not item.strip():
-            raise DatasetFormatError(path, f"item {position} must be a non-empty string, got {item!r}", number, name)
+            raise DatasetFormatError(path, f"item {position} must be a non-empty string, got {_show(item)}", number, name)
     return list(value)
 
 
@@ -331,11 +422,11 @@ def load_jsonl(path: str | Path) -> RetrievalDataset:
         if question is None:
             raise DatasetFormatError(file_path, "missing (required)", number, "question")
         if not isinstance(question, str) or not question.strip():
-            raise DatasetFormatError(file_path, f"must be a non-empty string, got {question!r}", number, "question")
+            raise DatasetFormatError(file_path, f"must be a non-empty string, got {_show(question)}", number, "question")
 
         query_id = obj.get("id", f"q{number}")
         if not isinstance(query_id, str) or not query_id.strip():
-            raise DatasetFormatError(file_path, f"must be a non-empty string, got {query_id!r}", number, "id")
+            raise DatasetFormatError(file_path, f"must be a non-empty string, got {_show(query_id)}", number, "id")
         if query_id in first_line:
             raise DatasetFormatError(
                 file_path, f"duplicate id {query_id!r} (first used on line {first_line[query_id]})", number, "id"
@@ -343,7 +434,7 @@ def load_jsonl(path: str | Path) -> RetrievalDataset:
 
         answer = obj.get("reference_answer")
         if answer is not None and not isinstance(answer, str):
-            raise DatasetFormatError(file_path, f"must be a string or null, got {answer!r}", number, "reference_answer")
+            raise DatasetFormatError(file_path, f"must be a string or null, got {_show(answer)}", number, "reference_answer")
         passages = _string_list(file_path, number, obj, "reference_contexts")
         doc_ids = _string_list(file_path, number, obj, "reference_doc_ids")
         if answer and not passages and not doc_ids:

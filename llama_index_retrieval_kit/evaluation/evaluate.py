@@ -34,8 +34,9 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from llama_index.core.base.base_retriever import BaseRetriever
@@ -48,6 +49,8 @@ from .relevance import chars_at_k, coverage_at_k, doc_level_run, text_match
 logger = logging.getLogger(__name__)
 
 RELEVANCE_MODES: tuple[str, ...] = ("auto", "doc", "node", "text")
+#: How many ids an error or warning about unmatched reference doc ids shows.
+SHOWN_IDS = 5
 #: Extra per-query figures computed under ``relevance="text"`` (keys ``coverage@k``, ``chars@k``).
 TEXT_FIGURES: tuple[str, ...] = ("coverage", "chars")
 
@@ -122,7 +125,7 @@ def retrieve_all(
     """Run ``retriever.retrieve`` on every query (in order), timing each call.
 
     The retriever is used as configured (its own top-k); it is not modified. Raises
-    RuntimeError naming the query when the retriever fails.
+    RuntimeError naming the query when the retriever fails (ValueError when it refuses the query).
     """
     if not isinstance(retriever, BaseRetriever):
         raise ValueError(f"retriever must be a LlamaIndex BaseRetriever, got {type(retriever).__name__}")
@@ -138,6 +141,8 @@ def retrieve_all(
         start = time.perf_counter()
         try:
             results = retriever.retrieve(QueryBundle(query_str=text))
+        except ValueError as exc:  # bad input stays a ValueError (rkit: a usage error, not a crash)
+            raise ValueError(f"{type(retriever).__name__} refused query {query_id!r} ({text[:80]!r}): {exc}") from exc
         except Exception as exc:
             raise RuntimeError(f"{type(retriever).__name__} failed on query {query_id!r} ({text[:80]!r}): {exc}") from exc
         out[query_id] = _as_retrieval(query_id, results, time.perf_counter() - start, text_depth)
@@ -284,6 +289,80 @@ class RetrieverEvaluation:
         }
 
 
+# --------------------------------------------------------------------------------------------
+# Do the reference doc ids name the indexed documents?
+# --------------------------------------------------------------------------------------------
+
+
+class UnmatchedReferencesError(ValueError):
+    """None of a dataset's reference doc ids names an indexed document (every doc metric would be 0)."""
+
+    def __init__(self, message: str, unmatched: Sequence[str]) -> None:
+        self.unmatched = list(unmatched)
+        super().__init__(message)
+
+
+def reference_doc_ids(dataset: RetrievalDataset) -> set[str]:
+    """The doc ids judged relevant (> 0) for some answerable question of ``dataset``."""
+    return {doc_id for judged in dataset.qrels.values() for doc_id, value in judged.items() if value > 0}
+
+
+def unmatched_reference_doc_ids(dataset: RetrievalDataset, indexed_doc_ids: Collection[str]) -> list[str]:
+    """The reference doc ids (see :func:`reference_doc_ids`) that name no indexed document, sorted."""
+    known = set(indexed_doc_ids)
+    return sorted(doc_id for doc_id in reference_doc_ids(dataset) if doc_id not in known)
+
+
+def check_reference_doc_ids(
+    dataset: RetrievalDataset,
+    indexed_doc_ids: Iterable[str],
+    allow_unmatched_references: bool = False,
+    hint: str = "check that the retriever searches the documents the dataset is about",
+    opt_out: str = "allow_unmatched_references=True",
+) -> list[str]:
+    """The reference doc ids of ``dataset`` that name no indexed document (sorted).
+
+    When *none* matches (and there is at least one), every doc-level metric would be 0: that
+    raises :class:`UnmatchedReferencesError` naming the count and the first ids, with ``hint``
+    (what to check) and ``opt_out`` (how to score anyway), unless
+    ``allow_unmatched_references``. When only some do not match, a warning with the count is
+    logged. ``indexed_doc_ids`` holds the ids of the documents the retriever searches.
+    """
+    known = {doc_id for doc_id in indexed_doc_ids if isinstance(doc_id, str)}
+    references = reference_doc_ids(dataset)
+    unmatched = unmatched_reference_doc_ids(dataset, known)
+    if not unmatched:
+        return unmatched
+    missing = set(unmatched)
+    questions = [qid for qid, judged in dataset.qrels.items() if any(v > 0 and d in missing for d, v in judged.items())]
+    counts = f"{len(unmatched)} of {len(references)} reference doc ids (in {len(questions)} questions)"
+    examples = f"e.g. {unmatched[:SHOWN_IDS]!r}; indexed doc ids look like {sorted(known)[:SHOWN_IDS]!r}"
+    if len(unmatched) == len(references) and not allow_unmatched_references:
+        raise UnmatchedReferencesError(
+            f"none of the reference doc ids of {dataset.name or 'the dataset'!r} names an indexed document: {counts} "
+            f"match none of the {len(known)} indexed documents ({examples}), so the documents searched are not the "
+            f"ones the dataset is about and every score would be 0. {hint[:1].upper()}{hint[1:]}, and that "
+            f"reference_doc_ids use those documents' ids; or pass {opt_out} to score anyway",
+            unmatched,
+        )
+    logger.warning("%s match no indexed document (%s); those count as never retrieved", counts, examples)
+    return unmatched
+
+
+def _warn_if_nothing_relevant_retrieved(dataset: RetrievalDataset, retrievals: Mapping[str, Retrieval]) -> None:
+    """Warn when not one retrieved chunk of any query comes from any reference document."""
+    references = reference_doc_ids(dataset)
+    retrieved = {doc_id for r in retrievals.values() for doc_id in r.doc_ids if doc_id is not None}
+    if references and retrieved and not references & retrieved:
+        logger.warning(
+            "no retrieved chunk of any query comes from a reference document (reference ids e.g. %r, retrieved doc "
+            "ids e.g. %r): if the dataset's reference_doc_ids do not name the indexed documents, every doc-level "
+            "score is 0; pass indexed_doc_ids= to evaluate_retriever to check",
+            sorted(references)[:SHOWN_IDS],
+            sorted(retrieved)[:SHOWN_IDS],
+        )
+
+
 def resolve_relevance(relevance: str, dataset: RetrievalDataset) -> str:
     """The relevance mode to use: ``relevance`` checked, ``"auto"`` resolved (see module doc)."""
     if relevance not in RELEVANCE_MODES:
@@ -401,16 +480,33 @@ def evaluate_retriever(
     ks: Sequence[int] = DEFAULT_KS,
     relevance: str = "auto",
     show_progress: bool = False,
+    indexed_doc_ids: Iterable[str] | None = None,
+    allow_unmatched_references: bool = False,
 ) -> RetrieverEvaluation:
     """Retrieve for every query of ``dataset`` and score the results.
 
     ``retriever`` is any LlamaIndex ``BaseRetriever`` (ours or LlamaIndex's own), used as
     configured: set its top-k to at least ``max(ks)`` chunks (for doc relevance, enough chunks
     to fill ``max(ks)`` documents). See the module doc for ``relevance``.
+
+    ``indexed_doc_ids``: the ids of the documents the retriever searches. Given, the dataset's
+    reference doc ids are checked against them before retrieving (:func:`check_reference_doc_ids`):
+    an :class:`UnmatchedReferencesError` when none matches, unless
+    ``allow_unmatched_references=True``; a warning when some do not. Not given (and not under
+    node relevance), a warning is logged when no retrieved chunk comes from any reference document.
     """
     cutoffs = tuple(_check_ks(ks))
     if not isinstance(dataset, RetrievalDataset):
         raise ValueError(f"dataset must be a RetrievalDataset (load_beir / load_jsonl), got {type(dataset).__name__}")
-    resolve_relevance(relevance, dataset)  # fail before retrieving
+    if not isinstance(allow_unmatched_references, bool):
+        raise ValueError(f"allow_unmatched_references must be True or False, got {allow_unmatched_references!r}")
+    mode = resolve_relevance(relevance, dataset)  # fail before retrieving
+    if indexed_doc_ids is not None:
+        if isinstance(indexed_doc_ids, str) or not isinstance(indexed_doc_ids, Iterable):
+            raise ValueError(f"indexed_doc_ids must be a collection of doc ids, got {type(indexed_doc_ids).__name__}")
+        if mode != "node":
+            check_reference_doc_ids(dataset, indexed_doc_ids, allow_unmatched_references)
     retrievals = retrieve_all(retriever, dataset.queries, text_depth=max(cutoffs), show_progress=show_progress)
+    if indexed_doc_ids is None and mode != "node" and not allow_unmatched_references:
+        _warn_if_nothing_relevant_retrieved(dataset, retrievals)
     return score_retrievals(retrievals, dataset, ks=cutoffs, relevance=relevance)

@@ -32,6 +32,7 @@ import shutil
 import sqlite3
 import time
 from collections import Counter
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -40,7 +41,15 @@ from llama_index.core.schema import BaseNode, Document, MetadataMode
 
 from .configs import HYBRID_INDEX_MODES, ConfigError, EvalConfig, resolve_config
 from .datasets import RetrievalDataset, load_beir, load_jsonl
-from .evaluate import RetrieverEvaluation, node_doc_id, resolve_relevance, retrieve_all, score_retrievals
+from .evaluate import (
+    RetrieverEvaluation,
+    check_reference_doc_ids,
+    node_doc_id,
+    reference_doc_ids,
+    resolve_relevance,
+    retrieve_all,
+    score_retrievals,
+)
 from .metrics import DEFAULT_KS, _check_ks
 
 logger = logging.getLogger(__name__)
@@ -224,6 +233,33 @@ def merge_embedding_cache(source: str | Path, target: str | Path) -> int:
     return int(after - before)
 
 
+def check_cache_file(path: Path) -> None:
+    """Raise ValueError naming ``path`` when it exists but is not a readable SQLite file."""
+    if not path.exists():
+        return
+    try:
+        with closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as conn:
+            conn.execute("SELECT name FROM sqlite_master").fetchall()
+    except sqlite3.DatabaseError as exc:
+        raise ValueError(
+            f"embedding cache {path} is damaged ({exc}): delete it and run again (it only holds vectors, "
+            "which are then computed again)"
+        ) from exc
+
+
+def read_inputs_record(path: Path) -> dict[str, Any]:
+    """The inputs recorded with an index (``eval_inputs.json``); {} when damaged (the index is rebuilt)."""
+    try:
+        recorded = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        logger.warning("%s cannot be read (%s: %s); rebuilding its index", path, type(exc).__name__, exc)
+        return {}
+    if not isinstance(recorded, dict):
+        logger.warning("%s holds %s, not a JSON object; rebuilding its index", path, type(recorded).__name__)
+        return {}
+    return recorded
+
+
 def _reset_keeping_cache(storage: Path) -> None:
     """Empty ``storage`` except its embeddings.sqlite (so a rebuild re-embeds nothing it had)."""
     cache = storage / "embeddings.sqlite"
@@ -291,17 +327,20 @@ def open_hybrid_index(
     An index built from the same inputs (``eval_inputs.json``) is reopened; otherwise it is
     rebuilt, keeping its embedding cache and first copying in ``seed_caches``.
     """
-    from ..indices import HybridIndex
+    from ..indices import HybridIndex, IndexBusyError
 
     record = _inputs_record(config, docs_fp)
     inputs_path = storage / INPUTS_FILE
+    check_cache_file(storage / "embeddings.sqlite")
     if (storage / "index.json").exists() and inputs_path.exists():
-        recorded = json.loads(inputs_path.read_text(encoding="utf-8"))
+        recorded = read_inputs_record(inputs_path)
         if all(recorded.get(key) == record[key] for key in ("documents", "index_key")):
             try:
                 return HybridIndex.load(storage, embed_model=embed_model, node_parser=config.make_parser()), 0, True
-            except (ValueError, OSError, RuntimeError) as exc:
-                logger.warning("cannot reopen %s (%s); rebuilding it", storage, exc)
+            except IndexBusyError:
+                raise  # open elsewhere: rebuilding would delete files another process is using
+            except Exception as exc:  # damaged or unreadable: it is rebuilt from the inputs
+                logger.warning("cannot reopen %s (%s: %s); rebuilding it", storage, type(exc).__name__, exc)
         else:
             logger.info("%s was built from other inputs; rebuilding it (cached embeddings are kept)", storage)
     _reset_keeping_cache(storage)
@@ -331,6 +370,7 @@ def embed_nodes_cached(
     """
     from ..indices.embedding_cache import EmbeddingCache, embed_texts
 
+    check_cache_file(cache_path)
     for seed in seed_caches:
         merge_embedding_cache(seed, cache_path)
     before = cache_size(cache_path)
@@ -430,6 +470,7 @@ def run_eval(
     embed_model: Any = None,
     embedding_cache: str | Path | None = None,
     show_progress: bool = True,
+    allow_unmatched_references: bool = False,
 ) -> EvalJobResult:
     """Evaluate each configuration on a dataset and write the report folder ``out_dir``.
 
@@ -448,9 +489,16 @@ def run_eval(
         embedding_cache: An EmbeddingCache SQLite file whose vectors are copied into each new
             build's cache (read only), e.g. a benchmark cache of the same corpus.
         show_progress: Progress bars (tqdm).
+        allow_unmatched_references: Score even when none of the dataset's reference doc ids
+            names an indexed document (by default that is an
+            :class:`~.evaluate.UnmatchedReferencesError`: the documents are probably not the
+            ones the dataset is about, and every score would be 0). Some unmatched ids only
+            log a warning either way.
     """
     started = time.perf_counter()
     cutoffs = tuple(_check_ks(ks))
+    if not isinstance(allow_unmatched_references, bool):
+        raise ValueError(f"allow_unmatched_references must be True or False, got {allow_unmatched_references!r}")
     checked = _check_configs(configs)
     seeds = [Path(embedding_cache)] if embedding_cache is not None else []
     for seed in seeds:
@@ -464,7 +512,7 @@ def run_eval(
     mode = resolve_relevance(relevance, dataset)
     documents, docs_source = dataset_documents(dataset, path, docs, show_progress=show_progress)
     read_s = time.perf_counter() - t0
-    _warn_unknown_doc_ids(dataset, documents)
+    check_references(dataset, documents, mode, allow_unmatched_references)
     docs_fp = documents_fingerprint(documents)
     out.mkdir(parents=True, exist_ok=True)
     logger.info("dataset %s: %d queries, %d documents, relevance=%s", dataset.name, len(dataset), len(documents), mode)
@@ -534,12 +582,55 @@ def run_eval(
     return result
 
 
-def _warn_unknown_doc_ids(dataset: RetrievalDataset, documents: Sequence[Document]) -> None:
-    known = {doc.id_ for doc in documents} | {doc.metadata.get("doc_id") for doc in documents}
-    labelled = {doc_id for judged in dataset.qrels.values() for doc_id in judged}
-    unknown = sorted(labelled - known)
-    if unknown:
-        logger.warning("%d labelled doc ids are not among the indexed documents (e.g. %s)", len(unknown), unknown[:5])
+def indexed_doc_ids(documents: Sequence[Document]) -> set[str]:
+    """The ids a retrieved chunk of ``documents`` maps to: ``metadata["doc_id"]`` and ``id_``."""
+    ids = {doc.id_ for doc in documents}
+    ids.update(d for d in (doc.metadata.get("doc_id") for doc in documents) if isinstance(d, str) and d)
+    return ids
+
+
+def any_reference_passage_in(dataset: RetrievalDataset, documents: Sequence[Document]) -> bool:
+    """Whether some reference passage of ``dataset`` appears verbatim (case and spacing aside) in a document."""
+    from .relevance import normalize_text
+
+    passages = {normalize_text(p) for refs in dataset.reference_contexts.values() for p in refs}
+    passages.discard("")
+    if not passages:
+        return False
+    for doc in documents:
+        text = normalize_text(doc.text)
+        if any(passage in text for passage in passages):
+            return True
+    return False
+
+
+def check_references(
+    dataset: RetrievalDataset, documents: Sequence[Document], mode: str, allow_unmatched_references: bool = False
+) -> None:
+    """Refuse to score when the labels cannot be about ``documents`` (see :func:`run_eval`).
+
+    Doc relevance: none of the reference doc ids names a document is an
+    :class:`~.evaluate.UnmatchedReferencesError`. Text relevance: the same, unless some reference
+    passage appears in the documents (then the ids alone are wrong: a warning). Node relevance
+    (qrels hold chunk ids) is not checked. Partial mismatches log a warning.
+    """
+    if mode == "node":
+        return
+    found_passage = mode == "text" and any_reference_passage_in(dataset, documents)
+    if mode == "text" and not found_passage and not reference_doc_ids(dataset):
+        logger.warning(
+            "none of the reference passages of %r appears verbatim in the %d indexed documents: if --docs (docs=) "
+            "does not hold the documents the dataset is about, every score will be 0",
+            dataset.name,
+            len(documents),
+        )
+    check_reference_doc_ids(
+        dataset,
+        indexed_doc_ids(documents),
+        allow_unmatched_references or found_passage,
+        hint="check that --docs (docs=) points at the documents the dataset is about (for a BEIR folder: its corpus)",
+        opt_out="--allow-unmatched-references (allow_unmatched_references=True)",
+    )
 
 
 def _chunk_documents(

@@ -20,7 +20,7 @@ from llama_index.core.callbacks.base import CallbackManager
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from ..retrievers.bm25 import BM25Retriever, top_bm25_positions
-from ..retrievers.checks import check_positive_int
+from ..retrievers.checks import CheckedQueryMixin, check_positive_int, check_query_text
 from ..retrievers.exact_dense import DenseMatrix, query_embedding, top_dense_positions
 from ..retrievers.fusion import (
     DEFAULT_RRF_K,
@@ -38,7 +38,7 @@ LEG_NAMES = ("bm25", "dense")
 _BM25, _DENSE = LEG_NAMES
 
 
-class FusedIndexRetriever(BaseRetriever):
+class FusedIndexRetriever(CheckedQueryMixin, BaseRetriever):
     """Hybrid retriever of a local-mode ``HybridIndex``: BM25 and exact dense legs fused in numpy.
 
     Built by ``HybridIndex.as_retriever`` for the fused modes; results are
@@ -96,7 +96,7 @@ class FusedIndexRetriever(BaseRetriever):
         matrix = self._dense_matrix(snapshot)
         embedding = query_embedding(query_bundle, self._embed_model)
         filters = self._bm25.filters
-        sparse = top_bm25_positions(snapshot, self._bm25.tokenize(query_bundle.query_str), self._depth, filters)
+        sparse = top_bm25_positions(snapshot, self._bm25.tokenize(check_query_text(query_bundle.query_str)), self._depth, filters)
         rows, similarities = top_dense_positions(matrix, embedding, self._depth, filters)
         dense = (rows, similarities.astype(np.float64))
         positions, fused, ranks, raw = fuse_checked_positions(

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 from llama_index.core.bridge.pydantic import Field, PrivateAttr, model_validator
 from llama_index.core.node_parser.interface import NodeParser
@@ -14,7 +13,12 @@ from ..models import DEFAULT_EMBED_MODEL
 from .metadata import chunk_metadata, excluded_keys
 from .sections import HeadingRules, Section, compile_patterns, detect_headings, headings_from_outline, split_sections
 from .tokenization import BatchTokenSpanFn, batch_token_span_fn
-from .windows import Window, plan_windows
+from .windows import TokenSpans, Window, limit_window_chars, plan_span_windows
+
+#: Characters per token of the chunk size that a chunk may hold when ``max_chunk_chars`` is unset.
+DEFAULT_CHARS_PER_TOKEN = 10
+#: Most characters tokenized before the first chunk of a batch of documents is made.
+TOKENIZE_BATCH_CHARS = 8_000_000
 
 
 @dataclass(frozen=True)
@@ -22,22 +26,51 @@ class DocumentTokens:
     """A document's text with its token spans, sliceable by character range."""
 
     text: str
-    spans: List[tuple]
-    starts: List[int]
+    spans: TokenSpans
 
     @classmethod
-    def build(cls, text: str, spans: List[tuple]) -> "DocumentTokens":
-        return cls(text, spans, [s for s, _ in spans])
+    def build(cls, text: str, spans: Sequence[tuple[int, int]]) -> "DocumentTokens":
+        return cls(text, TokenSpans.from_pairs(spans, len(text)))
 
-    def windows(self, start: int, end: int, chunk_size: int, overlap: int, slack: float, min_tail: int) -> List[Window]:
-        """Windows over ``text[start:end]``, in document offsets."""
-        lo = bisect.bisect_left(self.starts, start)
-        hi = bisect.bisect_left(self.starts, end)
-        rel = [(s - start, min(e, end) - start) for s, e in self.spans[lo:hi]]
-        return [
-            Window(w.start + start, w.end + start, w.num_tokens)
-            for w in plan_windows(self.text[start:end], rel, chunk_size, overlap, slack, min_tail)
-        ]
+    @property
+    def starts(self) -> Sequence[int]:
+        """Start offset of every token, sorted."""
+        return self.spans.starts
+
+    def windows(
+        self,
+        start: int,
+        end: int,
+        chunk_size: int,
+        overlap: int,
+        slack: float,
+        min_tail: int,
+        max_chars: Optional[int] = None,
+    ) -> List[Window]:
+        """Windows over ``text[start:end]``, in document offsets, at most ``max_chars`` long."""
+        spans = self.spans
+        windows = plan_span_windows(
+            self.text, spans.starts, spans.ends, start, end, chunk_size, overlap, slack, min_tail
+        )
+        if max_chars is None:
+            return windows
+        return limit_window_chars(self.text, windows, max_chars, spans.starts)
+
+
+def document_batches(nodes: Sequence[BaseNode], max_docs: int, max_chars: int) -> Iterator[List[BaseNode]]:
+    """Consecutive groups of ``nodes`` with at most ``max_docs`` documents and, unless a single
+    document is larger, at most ``max_chars`` characters."""
+    batch: List[BaseNode] = []
+    size = 0
+    for node in nodes:
+        length = len(node.get_content())
+        if batch and (len(batch) >= max_docs or size + length > max_chars):
+            yield batch
+            batch, size = [], 0
+        batch.append(node)
+        size += length
+    if batch:
+        yield batch
 
 
 class SectionAwareNodeParser(NodeParser):
@@ -75,6 +108,14 @@ class SectionAwareNodeParser(NodeParser):
         le=1.0,
         description="End a window at a sentence end if one lies within this share of the size limit.",
     )
+    max_chunk_chars: Optional[int] = Field(
+        default=None,
+        gt=0,
+        description="Maximum characters per chunk. Token limits alone do not bound length: a run without "
+        "spaces (a URL, a base64 blob, a 1 MB 'word') is a single unknown token. Longer windows are cut "
+        f"after whitespace when possible, else hard. None: {DEFAULT_CHARS_PER_TOKEN} characters per token "
+        "of the size limit (chunk_size * 10; for parents, parent_chunk_size * 10).",
+    )
     contextual_header: bool = Field(
         default=False,
         description="Prefix the section path (e.g. '3. Fees > 3.2 Late fees') to the text that is embedded; "
@@ -99,7 +140,7 @@ class SectionAwareNodeParser(NodeParser):
         return data
 
     # -- pieces used by subclasses -------------------------------------------------------
-    def token_spans(self, texts: Sequence[str]) -> List[List[tuple]]:
+    def token_spans(self, texts: Sequence[str]) -> List[TokenSpans]:
         """Token character spans of each text, as this parser measures tokens."""
         if self._span_fn is None:
             self._span_fn = batch_token_span_fn(self.tokenizer_name, self._tokenizer)
@@ -109,10 +150,14 @@ class SectionAwareNodeParser(NodeParser):
         """Tokens in ``text`` as this parser measures them."""
         return len(self.token_spans([text])[0])
 
+    def chunk_char_limit(self, chunk_tokens: int) -> int:
+        """Most characters of a chunk whose token limit is ``chunk_tokens``."""
+        return self.max_chunk_chars or DEFAULT_CHARS_PER_TOKEN * chunk_tokens
+
     def tokenized_documents(self, nodes: Sequence[BaseNode], show_progress: bool, batch_size: int = 256) -> Any:
-        """Yield ``(doc, DocumentTokens)``, tokenizing documents in batches."""
-        for i in range(0, len(nodes), batch_size):
-            batch = list(nodes[i : i + batch_size])
+        """Yield ``(doc, DocumentTokens)``, tokenizing documents in batches (at most
+        ``batch_size`` documents and, unless one is larger, ``TOKENIZE_BATCH_CHARS`` characters)."""
+        for batch in document_batches(nodes, batch_size, TOKENIZE_BATCH_CHARS):
             texts = [doc.get_content() for doc in batch]
             for doc, text, spans in zip(batch, texts, self.token_spans(texts)):
                 yield doc, DocumentTokens.build(text, spans)

@@ -12,7 +12,8 @@ from .base import DocumentTokens, SectionAwareNodeParser, link_prev_next
 
 class SectionHierarchyNodeParser(SectionAwareNodeParser):
     """Parents are sections (split into ``parent_chunk_size`` windows when larger), children are
-    ``child_chunk_size`` windows inside one parent.
+    ``child_chunk_size`` windows inside one parent. ``max_chunk_chars`` bounds both in characters
+    (unset: ten characters per token of each one's size limit).
 
     Returns parents and children together, like LlamaIndex's ``HierarchicalNodeParser``: index
     the leaves (``get_leaf_nodes``), put every node in the docstore, and LlamaIndex's own
@@ -66,9 +67,17 @@ class SectionHierarchyNodeParser(SectionAwareNodeParser):
         parents: List[TextNode] = []
         children: List[TextNode] = []
         source = doc.as_related_node_info()
+        parent_chars = self.chunk_char_limit(self.parent_chunk_size)
+        child_chars = self.chunk_char_limit(self.child_chunk_size)
         for section in self.sections_of(doc):
             for pw in tokens.windows(
-                section.start, section.end, self.parent_chunk_size, 0, self.sentence_slack, self.min_chunk_tokens
+                section.start,
+                section.end,
+                self.parent_chunk_size,
+                0,
+                self.sentence_slack,
+                self.min_chunk_tokens,
+                parent_chars,
             ):
                 if not text[pw.start : pw.end].strip():
                     continue
@@ -83,6 +92,7 @@ class SectionHierarchyNodeParser(SectionAwareNodeParser):
                     self.child_chunk_overlap,
                     self.sentence_slack,
                     self.min_chunk_tokens,
+                    child_chars,
                 ):
                     if not text[cw.start : cw.end].strip():
                         continue

@@ -13,7 +13,7 @@ from .base import DocumentTokens, SectionAwareNodeParser, link_prev_next
 class SectionWindowNodeParser(SectionAwareNodeParser):
     """Split a document on its sections, then cut each section into token windows.
 
-    Windows hold at most ``chunk_size`` tokens, overlap by ``chunk_overlap`` tokens, never cross
+    Windows hold at most ``chunk_size`` tokens and ``max_chunk_chars`` characters, overlap by ``chunk_overlap`` tokens, never cross
     a section boundary, prefer to end at a sentence end, and carry the section in their metadata
     (``section_title``, ``section_path``) with exact ``char_start``/``char_end`` and pages.
     Node ids are deterministic (doc id + span), so re-parsing a document gives the same ids.
@@ -59,6 +59,7 @@ class SectionWindowNodeParser(SectionAwareNodeParser):
             tokens = DocumentTokens.build(text, self.token_spans([text])[0])
         chunks: List[TextNode] = []
         source = doc.as_related_node_info()
+        max_chars = self.chunk_char_limit(self.chunk_size)
         for section in self.sections_of(doc):
             for w in tokens.windows(
                 section.start,
@@ -67,6 +68,7 @@ class SectionWindowNodeParser(SectionAwareNodeParser):
                 self.chunk_overlap,
                 self.sentence_slack,
                 self.min_chunk_tokens,
+                max_chars,
             ):
                 if not text[w.start : w.end].strip():
                     continue

@@ -106,15 +106,25 @@ _KEYWORD_LEVEL = {
 _DOT_LEADER = re.compile(r"(\.\s?){3,}|\u2026|_{3,}|\t\s*\d+\s*$")
 _TRAILING_PAGE_NUMBER = re.compile(r"\S\s{2,}\d{1,4}\s*$|\s\.+\s*\d{1,4}\s*$")
 _SENTENCE_END = re.compile(r"[.;,:!?]\s*$")
+_OPEN_LINE_END = re.compile(r"[a-z,]\s*$")
+
+
+_LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"  # what str.splitlines splits on
+_LINE = re.compile(r"[^%s]*(?:\r\n|[%s])?" % (_LINE_BREAKS, _LINE_BREAKS))
 
 
 def _lines(text: str) -> Iterable[tuple[int, int, str]]:
-    """Yield (start, end, line) for every line; ``end`` excludes the newline."""
-    pos = 0
-    for raw in text.splitlines(keepends=True):
+    """Yield (start, end, line) for every line, as ``str.splitlines`` cuts them, one at a
+    time (a 50 MB text is never held as a list of lines); ``end`` excludes the newline."""
+    n = len(text)
+    for m in _LINE.finditer(text):
+        pos, raw = m.start(), m.group()
+        if not raw:
+            if pos >= n:
+                return
+            continue
         line = raw.rstrip("\r\n")
         yield pos, pos + len(line), line
-        pos += len(raw)
 
 
 def _title_like(title: str, rules: HeadingRules) -> bool:
@@ -241,29 +251,34 @@ def detect_headings(text: str, rules: HeadingRules | None = None) -> list[Headin
     """Return the headings of ``text`` in order, with levels; see the module docstring."""
     rules = rules or HeadingRules()
     custom = compile_patterns(rules.custom_patterns)
-    lines = list(_lines(text))
-    blank = [not line.strip() for _, _, line in lines]
+    blank = bytearray()  # one byte per line: 1 when the line is blank
     candidates: list[_Candidate] = []
     in_fence = False
-    for i, (start, end, line) in enumerate(lines):
+    prev_line = ""
+    for i, (start, end, line) in enumerate(_lines(text)):
+        previous, prev_line = prev_line, line
+        blank.append(not line.strip())
         if _FENCE.match(line):
             in_fence = not in_fence
             continue
         if in_fence or blank[i]:
             continue
+        prev_open = i > 0 and bool(_OPEN_LINE_END.search(previous))
         stripped = line.strip()
         lead = len(line) - len(line.lstrip())
         h_start, h_end = start + lead, start + lead + len(stripped)
         if custom:
             found = _custom_heading(stripped, custom)
             if found:
-                candidates.append(_Candidate(Heading(found[0], found[1], h_start, h_end, "custom"), i))
+                h = Heading(found[0], found[1], h_start, h_end, "custom")
+                candidates.append(_Candidate(h, i, prev_line_open=prev_open))
                 continue
         if rules.markdown:
             m = _MD_HEADING.match(stripped)
             if m:
                 title = m.group(2).strip()
-                candidates.append(_Candidate(Heading(title, len(m.group(1)), h_start, h_end, "markdown"), i))
+                h = Heading(title, len(m.group(1)), h_start, h_end, "markdown")
+                candidates.append(_Candidate(h, i, prev_line_open=prev_open))
                 continue
         if len(stripped) > 2 * rules.max_heading_chars:
             continue  # a paragraph, not a heading (keeps the regexes below off long lines)
@@ -276,7 +291,7 @@ def detect_headings(text: str, rules: HeadingRules | None = None) -> list[Headin
                 # "2 Fees" without a dot is a heading; a bare "12 months" is body text.
                 if level > 1 or m.group("dot") or m.group("title")[0].isupper():
                     h = Heading(stripped, level, h_start, h_end, "numbered", number)
-                    candidates.append(_Candidate(h, i, toc_like))
+                    candidates.append(_Candidate(h, i, toc_like, prev_open))
                     continue
         if rules.keywords:
             m = _KEYWORD.match(stripped)
@@ -286,17 +301,15 @@ def detect_headings(text: str, rules: HeadingRules | None = None) -> list[Headin
                 kw_ok = kw[0].isupper()
                 if kw_ok and (not title or _title_like(title, rules)) and len(stripped) <= rules.max_heading_chars:
                     level = _KEYWORD_LEVEL[kw.lower()]
-                    candidates.append(_Candidate(Heading(stripped, level, h_start, h_end, "keyword"), i, toc_like))
+                    h = Heading(stripped, level, h_start, h_end, "keyword")
+                    candidates.append(_Candidate(h, i, toc_like, prev_open))
                     continue
         if rules.all_caps and _is_all_caps_heading(stripped, rules):
-            candidates.append(_Candidate(Heading(stripped, 1, h_start, h_end, "caps"), i, toc_like))
-    for cand in candidates:
-        i = cand.line_index
-        cand.prev_line_open = i > 0 and bool(re.search(r"[a-z,]\s*$", lines[i - 1][2]))
+            candidates.append(_Candidate(Heading(stripped, 1, h_start, h_end, "caps"), i, toc_like, prev_open))
     return _filter_candidates(candidates, blank, rules)
 
 
-def _filter_candidates(candidates: list[_Candidate], blank: list[bool], rules: HeadingRules) -> list[Heading]:
+def _filter_candidates(candidates: list[_Candidate], blank: Sequence[int], rules: HeadingRules) -> list[Heading]:
     """Drop table-of-contents entries, list items and out-of-sequence numbers; set levels."""
     if not candidates:
         return []
@@ -351,7 +364,7 @@ def _norm_title(title: str) -> str:
     return " ".join(title.lower().split())
 
 
-def _runs_without_body(candidates: list[_Candidate], blank: list[bool], skip: set[int]) -> list[list[int]]:
+def _runs_without_body(candidates: list[_Candidate], blank: Sequence[int], skip: set[int]) -> list[list[int]]:
     """Group candidate indexes whose lines have only blank (or skipped) lines between them."""
     runs: list[list[int]] = []
     prev_line = None

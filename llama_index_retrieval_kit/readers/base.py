@@ -129,6 +129,12 @@ class FileReader(BasePydanticReader):
             except FileReadError as exc:
                 failures.append(ReadFailure(str(path), exc.reason))
                 continue
+            except (KeyboardInterrupt, SystemExit, MemoryError):
+                raise
+            except Exception as exc:  # a reader bug or a library's surprise: never lose the other files
+                logger.debug("reading %s failed", path, exc_info=True)
+                failures.append(ReadFailure(str(path), f"could not be read ({type(exc).__name__}: {exc})"))
+                continue
             doc_id = id_func(path)
             doc.id_ = doc_id
             doc.metadata["doc_id"] = doc_id

@@ -10,7 +10,7 @@ from llama_index.core.bridge.pydantic import Field
 from llama_index.core.schema import Document
 
 from .base import FileReader, FileReadError, base_metadata
-from .cleanup import dehyphenate, normalize_whitespace, remove_repeated_lines
+from .cleanup import dehyphenate, normalize_whitespace, remove_repeated_lines, removed_share
 
 logger = logging.getLogger(__name__)
 
@@ -26,8 +26,10 @@ class PagedPDFReader(FileReader):
     pages are joined. The outline (bookmarks), when present, is kept as
     ``metadata["outline"]`` for section detection.
 
-    Bad files raise errors that name the file: encrypted (pass ``password``), corrupt, no
-    text layer (a scan: run OCR first), empty.
+    Bad files raise errors that name the file: encrypted (pass ``password``; AES needs the
+    ``cryptography`` package, a dependency), corrupt, no text layer (a scan: run OCR first),
+    empty. Any pypdf failure while opening, decrypting or extracting becomes such an error, so
+    one bad file never stops a batch.
     """
 
     dehyphenate: bool = Field(default=True, description="Join words hyphenated across line ends.")
@@ -44,6 +46,13 @@ class PagedPDFReader(FileReader):
         description="Below this average of extracted characters per page the PDF is treated as scanned "
         "(no text layer) and rejected.",
     )
+    cleanup_warning_share: float = Field(
+        default=0.1,
+        ge=0.0,
+        le=1.0,
+        description="Log a warning naming the file when clean-up removes more than this share of its "
+        "non-whitespace characters.",
+    )
     password: Optional[str] = Field(default=None, description="Password for encrypted PDFs.", exclude=True)
 
     @classmethod
@@ -52,12 +61,7 @@ class PagedPDFReader(FileReader):
 
     def _read_file(self, path: Path) -> Document:
         pages, outline = self._extract(path)
-        if self.remove_headers_footers:
-            pages = remove_repeated_lines(pages, min_share=self.header_footer_min_share)
-        if self.dehyphenate:
-            pages = [dehyphenate(p) for p in pages]
-        if self.normalize_whitespace:
-            pages = [normalize_whitespace(p) for p in pages]
+        pages = self._clean(path, pages)
         text, page_starts = join_pages(pages)
         metadata = base_metadata(path, page_starts)
         metadata["num_pages"] = len(pages)
@@ -65,28 +69,38 @@ class PagedPDFReader(FileReader):
             metadata["outline"] = outline
         return Document(text=text, metadata=metadata)
 
-    def _extract(self, path: Path) -> tuple[List[str], List[dict]]:
-        from pypdf import PdfReader
-        from pypdf.errors import DependencyError, FileNotDecryptedError, PdfReadError
+    def _clean(self, path: Path, raw: List[str]) -> List[str]:
+        """The clean-up steps this reader is set to run, with a warning when they take much text."""
+        pages = raw
+        if self.remove_headers_footers:
+            pages = remove_repeated_lines(raw, min_share=self.header_footer_min_share)
+            if not any(p.strip() for p in pages):
+                logger.warning(
+                    "%s: header/footer removal would leave no text; keeping the pages as extracted "
+                    "(pass remove_headers_footers=False to silence this)",
+                    path,
+                )
+                pages = raw
+        if self.dehyphenate:
+            pages = [dehyphenate(p) for p in pages]
+        if self.normalize_whitespace:
+            pages = [normalize_whitespace(p) for p in pages]
+        share = removed_share(raw, pages)
+        if share > self.cleanup_warning_share:
+            logger.warning(
+                "%s: clean-up removed %.0f%% of the text's characters (headers/footers, page numbers); "
+                "check the result, or pass remove_headers_footers=False to keep every line",
+                path,
+                100 * share,
+            )
+        return pages
 
-        try:
-            reader = PdfReader(str(path), strict=False)
-        except (PdfReadError, ValueError, OSError, KeyError, TypeError) as exc:
-            raise FileReadError(path, f"not a readable PDF ({type(exc).__name__}: {exc})") from exc
-        if reader.is_encrypted:
-            try:
-                ok = reader.decrypt(self.password or "")
-            except DependencyError as exc:
-                raise FileReadError(path, f"encrypted PDF needs an extra package to decrypt: {exc}") from exc
-            if not ok:
-                hint = "the password given is wrong" if self.password else "pass password=... to PagedPDFReader"
-                raise FileReadError(path, f"encrypted PDF: {hint}")
-        try:
-            pages = [page.extract_text() or "" for page in reader.pages]
-        except FileNotDecryptedError as exc:
-            raise FileReadError(path, "encrypted PDF: pass password=... to PagedPDFReader") from exc
-        except Exception as exc:  # pypdf raises many types on damaged content streams
-            raise FileReadError(path, f"corrupt PDF, text extraction failed ({type(exc).__name__}: {exc})") from exc
+    def _extract(self, path: Path) -> tuple[List[str], List[dict]]:
+        """Page texts and outline; every pypdf failure becomes a :class:`FileReadError`."""
+        reader = _open_pdf(path)
+        if _is_encrypted(reader, path):
+            _decrypt(reader, path, self.password)
+        pages = _page_texts(reader, path)
         if not pages:
             raise FileReadError(path, "PDF has no pages")
         chars = sum(len(p.strip()) for p in pages)
@@ -97,6 +111,60 @@ class PagedPDFReader(FileReader):
                 "run OCR first (e.g. `ocrmypdf in.pdf out.pdf`) and read the result",
             )
         return pages, _outline(reader)
+
+
+_PASSWORD_HINT = "encrypted PDF: pass password=... to PagedPDFReader"
+_CRYPTO_HINT = (
+    "encrypted PDF needs the 'cryptography' package to decrypt (AES): "
+    "pip install 'pypdf[crypto]' (it is a dependency of this package; reinstall it)"
+)
+
+
+def _failure(path: Path, what: str, exc: BaseException) -> FileReadError:
+    """A FileReadError for a pypdf failure: missing crypto package, password, or damage."""
+    from pypdf.errors import DependencyError, FileNotDecryptedError
+
+    if isinstance(exc, DependencyError):
+        return FileReadError(path, f"{_CRYPTO_HINT} ({exc})")
+    if isinstance(exc, FileNotDecryptedError):
+        return FileReadError(path, _PASSWORD_HINT)
+    return FileReadError(path, f"{what} ({type(exc).__name__}: {exc})")
+
+
+def _open_pdf(path: Path) -> Any:
+    """A pypdf reader for ``path`` (not yet decrypted)."""
+    from pypdf import PdfReader
+
+    try:
+        return PdfReader(str(path), strict=False)
+    except Exception as exc:  # pypdf raises many types (and DependencyError) on damaged/AES files
+        raise _failure(path, "not a readable PDF", exc) from exc
+
+
+def _is_encrypted(reader: Any, path: Path) -> bool:
+    try:
+        return bool(reader.is_encrypted)
+    except Exception as exc:  # a damaged trailer
+        raise _failure(path, "not a readable PDF", exc) from exc
+
+
+def _decrypt(reader: Any, path: Path, password: Optional[str]) -> None:
+    """Decrypt with ``password`` (or the empty user password); errors name what to do."""
+    try:
+        ok = reader.decrypt(password or "")
+    except Exception as exc:
+        raise _failure(path, "encrypted PDF could not be decrypted", exc) from exc
+    if not ok:
+        hint = "the password given is wrong" if password else "pass password=... to PagedPDFReader"
+        raise FileReadError(path, f"encrypted PDF: {hint}")
+
+
+def _page_texts(reader: Any, path: Path) -> List[str]:
+    """The extracted text of every page."""
+    try:
+        return [page.extract_text() or "" for page in reader.pages]
+    except Exception as exc:  # pypdf raises many types on damaged content streams
+        raise _failure(path, "corrupt PDF, text extraction failed", exc) from exc
 
 
 def join_pages(pages: List[str]) -> tuple[str, List[int]]:

@@ -24,21 +24,37 @@ class TextFileReader(FileReader):
         return "TextFileReader"
 
     def _read_file(self, path: Path) -> Document:
-        raw = path.read_bytes()
+        text = normalize_newlines(self._decode(path, path.read_bytes()))
+        if self.normalize_whitespace:
+            text = normalize_whitespace(text)
+        if not text.strip():
+            raise FileReadError(path, "file has no text (only whitespace)")
+        return Document(text=text, metadata=base_metadata(path, [0]))
+
+    def _decode(self, path: Path, raw: bytes) -> str:
+        """``raw`` as text, naming the first bad byte and what to pass instead."""
         try:
-            text = raw.decode(self.encoding)
+            return raw.decode(self.encoding)
         except UnicodeDecodeError as exc:
             raise FileReadError(
                 path,
                 f"not valid {self.encoding} text (byte {exc.start}: {raw[exc.start:exc.start + 1]!r}); "
                 f"pass encoding=... (e.g. 'latin-1' or 'cp1252') to {self.class_name()}",
             ) from exc
-        text = text.lstrip("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
-        if self.normalize_whitespace:
-            text = normalize_whitespace(text)
-        if not text.strip():
-            raise FileReadError(path, "file has no text (only whitespace)")
-        return Document(text=text, metadata=base_metadata(path, [0]))
+        except LookupError as exc:
+            raise FileReadError(
+                path, f"unknown encoding {self.encoding!r}; pass a Python codec name such as 'utf-8' or 'latin-1'"
+            ) from exc
+
+
+def normalize_newlines(text: str) -> str:
+    """Drop a leading byte-order mark and turn CRLF/CR into LF, copying the text only when
+    something changes (a large file is not duplicated for nothing)."""
+    if text.startswith("\ufeff"):
+        text = text.lstrip("\ufeff")
+    if "\r" in text:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    return text
 
 
 class MarkdownReader(TextFileReader):

@@ -33,11 +33,11 @@ import Stemmer
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.bridge.pydantic import BaseModel, ConfigDict, Field, field_validator
 from llama_index.core.callbacks.base import CallbackManager
-from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, QueryBundle
+from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, QueryBundle, QueryType
 from llama_index.core.storage.docstore.utils import doc_to_json, json_to_doc
 from llama_index.core.vector_stores.types import MetadataFilters
 
-from .checks import check_positive_int
+from .checks import check_positive_int, check_query_text, checked_query
 from .filters import metadata_matches, validate_filters
 from .node_copy import copy_node
 
@@ -537,9 +537,18 @@ class BM25Retriever(BaseRetriever):
 
     # ----- retrieval --------------------------------------------------------------------------
 
+    def retrieve(self, str_or_query_bundle: QueryType) -> List[NodeWithScore]:
+        """``BaseRetriever.retrieve`` with the query checked first (a str or a QueryBundle)."""
+        return super().retrieve(checked_query(str_or_query_bundle))
+
+    async def aretrieve(self, str_or_query_bundle: QueryType) -> List[NodeWithScore]:
+        """``BaseRetriever.aretrieve`` with the query checked first (a str or a QueryBundle)."""
+        return await super().aretrieve(checked_query(str_or_query_bundle))
+
     def _retrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
+        query = check_query_text(query_bundle.query_str)
         snapshot = self._shared.snapshot
-        matches = _top_matches(snapshot, self._tokenize(query_bundle.query_str), self._similarity_top_k, self._filters)
+        matches = _top_matches(snapshot, self._tokenize(query), self._similarity_top_k, self._filters)
         logger.debug("bm25 query %r: %d results", query_bundle.query_str[:80], len(matches))
         return [NodeWithScore(node=copy_node(snapshot.nodes[i]), score=score) for i, score in matches]
 

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.embeddings.base import BaseEmbedding
-from llama_index.core.schema import BaseNode, NodeWithScore, QueryBundle
+from llama_index.core.schema import BaseNode, NodeWithScore, QueryBundle, QueryType
 from llama_index.core.vector_stores.types import MetadataFilters
 
-from .checks import check_positive_int
+from .checks import check_positive_int, checked_query
 from .filters import metadata_matches, validate_filters
 from .node_copy import copy_node
 
@@ -56,12 +56,14 @@ def top_dense_positions(
     filter is (a highly selective filter costs up to one check per row). Returns
     ``(rows int64, similarities float32)``.
     """
+    q = check_query_vector(query)
     n = len(matrix)
     if n == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
-    q = np.asarray(query, dtype=np.float32)
     if q.shape != (matrix.vectors.shape[1],):
         raise ValueError(f"query vector has shape {q.shape}; the index holds {matrix.vectors.shape[1]}-dimensional vectors")
+    peak = float(np.abs(q).max())
+    q = q / peak if peak > 0 else q  # scaled first, so the norm of huge values does not overflow
     norm = float(np.linalg.norm(q))
     scores = matrix.vectors @ (q / norm if norm > 0 else q)
     if filters is None:
@@ -87,16 +89,45 @@ def top_dense_matches(
     return list(zip(rows.tolist(), scores.tolist()))
 
 
+def check_query_vector(query: Any, source: str = "query vector") -> np.ndarray:
+    """``query`` as a 1-d float32 array of finite numbers; else a ValueError naming ``source``.
+
+    A NaN or infinite component would make every similarity NaN (and the ranking arbitrary).
+    """
+    try:
+        wide = np.asarray(query, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{source} must be a list of numbers, got {type(query).__name__} {query!r:.80}") from exc
+    if wide.ndim != 1 or wide.size == 0:
+        raise ValueError(f"{source} must be a non-empty list of numbers, got shape {wide.shape}")
+    with np.errstate(over="ignore"):
+        q = wide.astype(np.float32)
+    bad = np.flatnonzero(~np.isfinite(q))
+    if bad.size:
+        first = int(bad[0])
+        raise ValueError(
+            f"{source} has {bad.size} NaN or infinite value(s) (first at position {first}: {wide[first]!r}"
+            f"{'' if not np.isfinite(wide[first]) else ', beyond the float32 range'}); give a vector of finite "
+            "numbers, or leave QueryBundle.embedding unset to embed the query text"
+        )
+    return q
+
+
 def query_embedding(query_bundle: QueryBundle, embed_model: BaseEmbedding) -> List[float]:
     """The bundle's embedding, computed and stored on it first if missing (as LlamaIndex's
-    ``VectorIndexRetriever`` does, so later legs and stages reuse it)."""
-    if query_bundle.embedding is None:
-        strs = query_bundle.embedding_strs
-        if len(strs) > 1:
-            query_bundle.embedding = embed_model.get_agg_embedding_from_queries(strs)
-        else:  # the mean of one embedding is that embedding
-            query_bundle.embedding = embed_model.get_query_embedding(strs[0] if strs else query_bundle.query_str)
-    return query_bundle.embedding
+    ``VectorIndexRetriever`` does, so later legs and stages reuse it). A given or computed
+    embedding with NaN/inf values is a ValueError (see :func:`check_query_vector`)."""
+    if query_bundle.embedding is not None:
+        check_query_vector(query_bundle.embedding, "QueryBundle.embedding")
+        return query_bundle.embedding
+    strs = query_bundle.embedding_strs
+    if len(strs) > 1:
+        embedding = embed_model.get_agg_embedding_from_queries(strs)
+    else:  # the mean of one embedding is that embedding
+        embedding = embed_model.get_query_embedding(strs[0] if strs else query_bundle.query_str)
+    check_query_vector(embedding, f"the query embedding computed by {type(embed_model).__name__}")
+    query_bundle.embedding = embedding
+    return embedding
 
 
 class ExactDenseRetriever(BaseRetriever):
@@ -125,6 +156,14 @@ class ExactDenseRetriever(BaseRetriever):
     @property
     def similarity_top_k(self) -> int:
         return self._similarity_top_k
+
+    def retrieve(self, str_or_query_bundle: QueryType) -> List[NodeWithScore]:
+        """``BaseRetriever.retrieve`` with the query checked first (a str or a QueryBundle)."""
+        return super().retrieve(checked_query(str_or_query_bundle))
+
+    async def aretrieve(self, str_or_query_bundle: QueryType) -> List[NodeWithScore]:
+        """``BaseRetriever.aretrieve`` with the query checked first (a str or a QueryBundle)."""
+        return await super().aretrieve(checked_query(str_or_query_bundle))
 
     def _retrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
         embedding = query_embedding(query_bundle, self._embed_model)

@@ -10,7 +10,7 @@ from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.callbacks.base import CallbackManager
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
-from .checks import check_positive_int
+from .checks import CheckedQueryMixin, check_positive_int
 from .fusion import (
     DEFAULT_RRF_K,
     FUSION_MODES,
@@ -36,7 +36,7 @@ def _check_depths(n_legs: int, candidate_top_k: Union[int, Sequence[int], None])
     return depths
 
 
-class HybridRetriever(BaseRetriever):
+class HybridRetriever(CheckedQueryMixin, BaseRetriever):
     """Fuse the rankings of two or more retrievers (any LlamaIndex ``BaseRetriever``).
 
     Each leg is queried with the same ``QueryBundle`` through its public ``retrieve``/``aretrieve``

@@ -37,7 +37,7 @@ from llama_index.core.vector_stores.types import MetadataFilters, VectorStoreQue
 from llama_index.core.vector_stores.utils import metadata_dict_to_node
 from qdrant_client import QdrantClient, models
 
-from .checks import check_positive_int
+from .checks import CheckedQueryMixin, check_positive_int, check_query_text
 from .exact_dense import query_embedding
 from .filters import validate_filters
 
@@ -95,7 +95,7 @@ def sparse_vectors_config() -> dict[str, models.SparseVectorParams]:
     return {SPARSE_VECTOR: models.SparseVectorParams(modifier=models.Modifier.IDF)}
 
 
-class QdrantHybridRetriever(BaseRetriever):
+class QdrantHybridRetriever(CheckedQueryMixin, BaseRetriever):
     """Hybrid retrieval fused by Qdrant itself (scales out with a Qdrant server or cluster).
 
     Args:
@@ -166,7 +166,7 @@ class QdrantHybridRetriever(BaseRetriever):
 
     def _retrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
         dense = query_embedding(query_bundle, self._embed_model)
-        sparse = bm25_query_vector(self._tokenize(query_bundle.query_str))
+        sparse = bm25_query_vector(self._tokenize(check_query_text(query_bundle.query_str)))
         with self._read_guard():
             return self._query(dense, sparse)
 
@@ -190,7 +190,7 @@ class QdrantHybridRetriever(BaseRetriever):
         return results
 
 
-class QdrantDenseRetriever(BaseRetriever):
+class QdrantDenseRetriever(CheckedQueryMixin, BaseRetriever):
     """Dense search run by Qdrant (``query_points`` on the dense vector), cosine scores.
 
     The dense leg of a ``HybridIndex`` on a Qdrant server. Filters work as in

@@ -119,3 +119,52 @@ def test_serialises_like_a_llamaindex_embedding(fast, cache_dir: Path) -> None:
     clone = FastHuggingFaceEmbedding.from_dict(data)
     assert clone.model_name == fast.model_name and clone.onnx_cache_dir == fast.onnx_cache_dir
     np.testing.assert_allclose(clone.get_query_embedding(QUERIES[0]), fast.get_query_embedding(QUERIES[0]), atol=1e-6)
+
+
+# ----------------------------------------------------------------------------------- query input
+
+
+@pytest.mark.parametrize("backend", ["onnx", "torch"])
+def test_a_query_with_a_lone_surrogate_is_a_clear_value_error(model_dir: str, cache_dir: Path, fast, backend: str) -> None:
+    model = fast if backend == "onnx" else FastHuggingFaceEmbedding(model_name=model_dir, query_backend="torch")
+    with pytest.raises(ValueError, match=r"query text contains a lone surrogate \('\\ud800'\) at position 7; it is not valid Unicode"):
+        model.get_query_embedding("annual \ud800fee")
+    with pytest.raises(ValueError, match=r"query text must be a str, got bytes b'fees': decode it first"):
+        model.get_query_embedding(b"fees")  # type: ignore[arg-type]
+    cleaned = "annual \ud800fee".encode("utf-8", "replace").decode()  # what the message suggests works
+    assert len(model.get_query_embedding(cleaned)) == 384
+
+
+# ------------------------------------------------------------------------------------------ privacy
+
+#: Where ONNX Runtime (1.2x on Linux) keeps its telemetry device id and event store, under
+#: $XDG_CACHE_HOME or ~/.cache; written as soon as onnxruntime is imported unless telemetry is off.
+ORT_TELEMETRY_DIR = Path(".cache") / "Microsoft" / "DeveloperTools" / ".onnxruntime"
+
+_QUERY_SCRIPT = """
+import sys
+from llama_index_retrieval_kit.embeddings import FastHuggingFaceEmbedding
+
+model = FastHuggingFaceEmbedding(model_name=sys.argv[1], onnx_cache_dir=sys.argv[2])
+assert model.onnx_active, "the ONNX path must be used"
+assert len(model.get_query_embedding("What is the annual fee?")) == 384
+"""
+
+
+def test_the_onnx_query_path_writes_no_telemetry_under_home(model_dir: str, cache_dir: Path, fast, tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    assert fast.onnx_active  # the export is in cache_dir (outside HOME), so the child only loads it
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("XDG_CACHE_HOME", "ORT_DISABLE_TELEMETRY", "RKIT_CACHE_DIR")}
+    env.update(HOME=str(home), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    done = subprocess.run(
+        [sys.executable, "-c", _QUERY_SCRIPT, model_dir, str(cache_dir)], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert not (home / ORT_TELEMETRY_DIR).exists()
+    assert not (home / ".cache" / "Microsoft").exists()
+    written = sorted(str(p.relative_to(home)) for p in home.rglob("*") if not p.is_dir())
+    assert written == [], f"files written under HOME: {written}"

@@ -337,3 +337,72 @@ def test_dataset_answerability_from_qrels_or_contexts() -> None:
     assert data.no_answer_ids() == ["b", "d"]
     with pytest.raises(ValueError, match="unknown query id 'z'"):
         data.is_answerable("z")
+
+
+# ------------------------------------------------------------------------------ damaged input files
+
+DEPTH = 100_000
+
+
+@pytest.mark.parametrize(
+    ("line", "field"),
+    [
+        ('{"question": "q", "reference_contexts": ' + "[" * DEPTH + "]" * DEPTH + "}", "reference_contexts"),
+        ('{"id": "a\\"b:", "question": ' + '{"k": ' * DEPTH + "1" + "}" * DEPTH + "}", "question"),
+        ("[" * DEPTH + "]" * DEPTH, None),  # not even an object: no field to name
+    ],
+)
+def test_a_deeply_nested_line_is_a_format_error_naming_file_line_and_field(tmp_path: Path, line: str, field: str | None) -> None:
+    path = write_lines(tmp_path / "deep.jsonl", ['{"question": "fine"}', line])
+    with pytest.raises(DatasetFormatError, match="JSON nested too deeply to read") as caught:
+        load_jsonl(path)
+    assert (caught.value.path, caught.value.line, caught.value.field) == (str(path), 2, field)
+    assert str(caught.value).startswith(f"{path}, line 2: ")
+    assert len(str(caught.value)) < 400
+
+
+def test_a_nested_but_readable_value_is_reported_short(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "nested.jsonl", ['{"question": ' + "[" * 500 + "]" * 500 + "}"])
+    with pytest.raises(DatasetFormatError, match=r"line 1: field 'question': must be a non-empty string, got \[\[\[") as caught:
+        load_jsonl(path)
+    assert len(str(caught.value)) < 300
+
+
+def _damaged_gzip(text: str) -> bytes:
+    """A gzip stream whose compressed body is overwritten: zlib fails inside it (not a header or CRC error)."""
+    data = bytearray(gzip.compress(text.encode("utf-8")))
+    for i in range(20, 60):
+        data[i] ^= 0xFF
+    return bytes(data)
+
+
+def test_a_gzip_file_damaged_inside_names_the_file(tmp_path: Path, beir_folder: Path) -> None:
+    path = tmp_path / "questions.jsonl.gz"
+    path.write_bytes(_damaged_gzip('{"question": "What is the annual fee?"}\n' * 1000))
+    with pytest.raises(DatasetFormatError, match=r"questions.jsonl.gz: cannot read \(zlib.error: .*\); the file is damaged"):
+        load_jsonl(path)
+    (beir_folder / "corpus.jsonl.gz").write_bytes(_damaged_gzip(json.dumps(CORPUS[0]) + "\n" * 1000))
+    with pytest.raises(DatasetFormatError, match=r"corpus.jsonl.gz: cannot read"):
+        load_beir(beir_folder)
+
+
+@pytest.mark.parametrize(
+    ("line", "field", "position"),
+    [
+        ('{"question": "annual \\ud800 fee"}', "question", 7),
+        ('{"question": "q", "reference_contexts": ["fine", "x\\udfff"]}', "reference_contexts", 1),
+        ('{"question": "q", "id": "\\udc80"}', "id", 0),
+    ],
+)
+def test_a_lone_surrogate_escape_is_a_format_error_naming_the_field(tmp_path: Path, line: str, field: str, position: int) -> None:
+    path = write_lines(tmp_path / "surrogate.jsonl", ['{"question": "fine \\ud83d\\ude00"}', line])  # a real pair is fine
+    with pytest.raises(DatasetFormatError, match=rf"lone surrogate .* at position {position} .*not valid Unicode text") as caught:
+        load_jsonl(path)
+    assert (caught.value.line, caught.value.field) == (2, field)
+
+
+def test_a_lone_surrogate_in_a_beir_query_is_a_format_error(beir_folder: Path) -> None:
+    (beir_folder / "queries.jsonl.gz").unlink()
+    write_lines(beir_folder / "queries.jsonl", ['{"_id": "1", "text": "annual fee \\ud800"}', '{"_id": "2", "text": "late"}'])
+    with pytest.raises(DatasetFormatError, match=r"queries.jsonl, line 1: field 'text': lone surrogate '\\ud800' at position 11"):
+        load_beir(beir_folder)

@@ -210,3 +210,57 @@ def test_caller_objects_are_not_modified(dataset: RetrievalDataset) -> None:
     evaluate_retriever(BM25Retriever(nodes, similarity_top_k=5), dataset, ks=(1, 5), relevance="text")
     assert [(n.node_id, dict(n.metadata)) for n in nodes] == before
     assert dataset.queries == queries_before
+
+
+# ------------------------------------------------------------------ do the labels name the documents?
+
+
+def test_indexed_doc_ids_that_match_no_reference_are_an_error_unless_allowed(dataset: RetrievalDataset, caplog) -> None:
+    import logging
+
+    from llama_index_retrieval_kit.evaluation import UnmatchedReferencesError
+
+    retriever = bm25_over(chunks())
+    with pytest.raises(UnmatchedReferencesError, match=r"3 of 3 reference doc ids \(in 30 questions\) match none of the 2 indexed") as caught:
+        evaluate_retriever(retriever, dataset, ks=(1, 5), relevance="doc", indexed_doc_ids=["a.txt", "b.txt"])
+    assert "allow_unmatched_references=True" in str(caught.value) and "['a.txt', 'b.txt']" in str(caught.value)
+    caplog.set_level(logging.WARNING, logger="llama_index_retrieval_kit.evaluation")
+    allowed = evaluate_retriever(
+        retriever, dataset, ks=(1, 5), relevance="doc", indexed_doc_ids=["a.txt"], allow_unmatched_references=True
+    )
+    assert allowed.num_scored == 30  # scored as asked (these labels do match what BM25 searches)
+    partial = evaluate_retriever(
+        retriever, dataset, ks=(1, 5), relevance="doc", indexed_doc_ids=["credit_card_terms.md", "product_manual.md"]
+    )
+    assert partial.mean["hit_rate@5"] > 0.5
+    assert any(r.getMessage().startswith("1 of 3 reference doc ids (in 7 questions) match no indexed document") for r in caplog.records)
+    # The ids BM25 really searches match: no error, no warning.
+    caplog.clear()
+    ids = {n.ref_doc_id for n in chunks()}
+    evaluate_retriever(retriever, dataset, ks=(1, 5), relevance="doc", indexed_doc_ids=ids)
+    assert not [r for r in caplog.records if "reference" in r.getMessage()]
+
+
+def test_without_indexed_ids_a_run_that_never_meets_a_reference_document_warns(dataset: RetrievalDataset, caplog) -> None:
+    import logging
+
+    renamed = RetrievalDataset(
+        queries=dict(dataset.queries),
+        qrels={qid: {f"other-{doc}": v for doc, v in judged.items()} for qid, judged in dataset.qrels.items()},
+        name="renamed",
+    )
+    caplog.set_level(logging.WARNING, logger="llama_index_retrieval_kit.evaluation")
+    ev = evaluate_retriever(bm25_over(chunks()), renamed, ks=(1, 5), relevance="doc")
+    assert ev.mean["ndcg@5"] == 0.0
+    assert any("no retrieved chunk of any query comes from a reference document" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    evaluate_retriever(bm25_over(chunks()), dataset, ks=(1, 5), relevance="doc")  # real labels: quiet
+    assert not [r for r in caplog.records if "reference document" in r.getMessage()]
+    with pytest.raises(ValueError, match="indexed_doc_ids must be a collection of doc ids, got str"):
+        evaluate_retriever(bm25_over(chunks()), dataset, indexed_doc_ids="credit_card_terms.md")
+
+
+def test_a_query_the_retriever_refuses_stays_a_value_error_naming_the_query() -> None:
+    odd = RetrievalDataset(queries={"q1": "annual fee", "q2": "annual \ud800 fee"}, qrels={"q1": {"credit_card_terms.md": 1}})
+    with pytest.raises(ValueError, match=r"BM25Retriever refused query 'q2' .*lone surrogate"):
+        evaluate_retriever(bm25_over(chunks()), odd, ks=(1,), relevance="doc")

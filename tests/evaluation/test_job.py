@@ -6,12 +6,22 @@ import argparse
 import csv
 import gzip
 import json
+import logging
+import re
+import shutil
 import sqlite3
 from pathlib import Path
 
 import pytest
 
-from llama_index_retrieval_kit.evaluation import ConfigError, EvalConfig, load_config_file, resolve_config, run_eval
+from llama_index_retrieval_kit.evaluation import (
+    ConfigError,
+    EvalConfig,
+    UnmatchedReferencesError,
+    load_config_file,
+    resolve_config,
+    run_eval,
+)
 from llama_index_retrieval_kit.evaluation.cli_eval import add_eval_subparser, cmd_eval, parse_ks
 from llama_index_retrieval_kit.evaluation.configs import RETRIEVERS
 from llama_index_retrieval_kit.evaluation.job import fill_depth, merge_embedding_cache
@@ -244,6 +254,21 @@ def test_yaml_errors_name_the_key_and_the_allowed_values(tmp_path: Path, text: s
         load_config_file(path)
 
 
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"retriever: bm25\nname: caf\xe9\n", r"bad.yaml: not UTF-8 text \(byte 25: invalid continuation byte\); save it as UTF-8"),
+        (b"retriever: " + b"[" * 100_000 + b"]" * 100_000 + b"\n", r"bad.yaml: nested too deeply to read"),
+    ],
+)
+def test_unreadable_yaml_files_are_config_errors_naming_the_file(tmp_path: Path, content: bytes, message: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError, match=message) as caught:
+        load_config_file(path)
+    assert caught.value.source == str(path)
+
+
 def test_a_yaml_config_becomes_a_typed_config(tmp_path: Path) -> None:
     path = tmp_path / "heavy.yaml"
     path.write_text(HYBRID_YAML, encoding="utf-8")
@@ -340,3 +365,146 @@ def test_rkit_eval_when_wired_into_cli(tmp_path: Path, capsys: pytest.CaptureFix
         pytest.skip("rkit eval is not wired into cli.py yet")
     code = cli.main(["-q", "eval", "--dataset", str(tmp_path / "missing"), "--config", "bm25", "--out", str(tmp_path / "o")])
     assert code == 2 and "does not exist" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ do the labels name the documents?
+
+
+def other_documents(folder: Path) -> Path:
+    """Two files the bundled questions are not about."""
+    folder.mkdir()
+    (folder / "recipes.txt").write_text("Pancakes need flour, eggs and milk. Whisk, then fry in butter.\n", encoding="utf-8")
+    (folder / "garden.md").write_text("# Tomatoes\n\nWater tomatoes deeply twice a week in summer.\n", encoding="utf-8")
+    return folder
+
+
+def own_questions(path: Path, rename_ids: bool = False) -> Path:
+    """A copy of the bundled questions (optionally with reference_doc_ids that name nothing)."""
+    rows = [json.loads(line) for line in QUESTIONS_FILE.read_text(encoding="utf-8").splitlines() if line.strip()]
+    for row in rows:
+        if rename_ids and row.get("reference_doc_ids"):
+            row["reference_doc_ids"] = [f"doc-{i}" for i, _ in enumerate(row["reference_doc_ids"])]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("relevance", ["auto", "doc", "text"])
+def test_reference_ids_that_match_no_indexed_document_are_an_error_before_anything_is_written(
+    tmp_path: Path, relevance: str
+) -> None:
+    questions, wrong = own_questions(tmp_path / "own.jsonl"), other_documents(tmp_path / "wrong")
+    with pytest.raises(UnmatchedReferencesError) as caught:
+        run_eval(questions, ["bm25"], tmp_path / "out", docs=[wrong], relevance=relevance, show_progress=False)
+    message = str(caught.value)
+    assert message.startswith("none of the reference doc ids of 'own' names an indexed document: 3 of 3 reference doc ids (in 30 questions)")
+    assert "'credit_card_terms.md'" in message and "'garden.md'" in message  # what was expected, what was indexed
+    assert "--docs" in message and "--allow-unmatched-references" in message
+    assert caught.value.unmatched == ["credit_card_terms.md", "privacy_policy.txt", "product_manual.md"]
+    assert isinstance(caught.value, ValueError)  # rkit: a usage error (exit 2)
+    assert not (tmp_path / "out").exists()
+
+
+def test_allow_unmatched_references_scores_anyway(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    questions, wrong = own_questions(tmp_path / "own.jsonl"), other_documents(tmp_path / "wrong")
+    caplog.set_level(logging.WARNING, logger="llama_index_retrieval_kit.evaluation")
+    result = run_eval(
+        questions, ["bm25"], tmp_path / "out", docs=[wrong], relevance="doc", ks=(1, 5), allow_unmatched_references=True,
+        show_progress=False,
+    )
+    assert result.evaluations["bm25"].mean["ndcg@5"] == 0.0 and result.num_documents == 2
+    assert any("3 of 3 reference doc ids (in 30 questions) match no indexed document" in r.getMessage() for r in caplog.records)
+    with pytest.raises(ValueError, match="allow_unmatched_references must be True or False, got 'yes'"):
+        run_eval(questions, ["bm25"], tmp_path / "out2", docs=[wrong], allow_unmatched_references="yes", show_progress=False)  # type: ignore[arg-type]
+
+
+def test_some_unmatched_reference_ids_are_a_warning_with_the_count(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    two_of_three = [p for p in sample_files() if Path(p).name != "privacy_policy.txt"]
+    caplog.set_level(logging.WARNING, logger="llama_index_retrieval_kit.evaluation")
+    result = run_eval(QUESTIONS_FILE, ["bm25"], tmp_path / "out", docs=two_of_three, relevance="doc", ks=(1, 5), show_progress=False)
+    assert result.num_documents == 2 and result.evaluations["bm25"].mean["hit_rate@5"] > 0.5
+    warnings = [r.getMessage() for r in caplog.records if "match no indexed document" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].startswith("1 of 3 reference doc ids (in 7 questions)")
+    assert "'privacy_policy.txt'" in warnings[0]
+
+
+def test_text_relevance_with_wrong_ids_but_the_right_documents_only_warns(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    questions = own_questions(tmp_path / "renamed.jsonl", rename_ids=True)
+    caplog.set_level(logging.WARNING, logger="llama_index_retrieval_kit.evaluation")
+    result = run_eval(questions, ["bm25"], tmp_path / "out", docs=sample_files(), ks=(1, 5), limit_queries=6, show_progress=False)
+    assert result.relevance == "text" and result.evaluations["bm25"].mean["coverage@5"] > 0.5
+    assert any("reference doc ids" in r.getMessage() and "match no indexed document" in r.getMessage() for r in caplog.records)
+    with pytest.raises(UnmatchedReferencesError):  # scored by doc ids, the same labels cannot work
+        run_eval(questions, ["bm25"], tmp_path / "out2", docs=sample_files(), relevance="doc", show_progress=False)
+
+
+def test_rkit_eval_refuses_unmatched_references_unless_allowed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from llama_index_retrieval_kit import cli
+
+    questions, wrong = own_questions(tmp_path / "own.jsonl"), other_documents(tmp_path / "wrong")
+    argv = ["-q", "eval", "--dataset", str(questions), "--config", "bm25", "--out", str(tmp_path / "o"), "--docs", str(wrong),
+            "--ks", "1,5"]
+    args = eval_parser().parse_args([*argv, "--allow-unmatched-references"])
+    assert args.allow_unmatched_references is True
+    assert eval_parser().parse_args(argv).allow_unmatched_references is False
+    code = cli.main(argv)
+    err = capsys.readouterr().err
+    assert code == 2 and "none of the reference doc ids of 'own' names an indexed document" in err
+    assert not (tmp_path / "o").exists()
+    assert cli.main([*argv, "--allow-unmatched-references"]) == 0
+    assert (tmp_path / "o" / "summary.md").exists()
+
+
+# ------------------------------------------------------------------------- damaged or busy index folders
+
+
+@pytest.fixture()
+def job_copy(job, tmp_path: Path) -> Path:
+    """A copy of the module job's report folder (its HybridIndex folder holds every leg and the cache)."""
+    copy = tmp_path / "report"
+    shutil.copytree(job.out_dir, copy)
+    return copy
+
+
+def _storage(report: Path) -> Path:
+    (folder,) = (report / "indexes").glob("hybrid-*")
+    return folder
+
+
+def _rerun(report: Path):
+    return run_eval(QUESTIONS_FILE, ["hybrid"], report, embed_model=shared_embed_model(), ks=(1, 5), limit_queries=3, show_progress=False)
+
+
+@pytest.mark.parametrize("damaged", ["eval_inputs.json", "qdrant/collection/chunks/storage.sqlite", "index.json"])
+def test_a_damaged_index_file_is_rebuilt_from_the_inputs_with_a_warning_naming_it(
+    job_copy: Path, damaged: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    storage = _storage(job_copy)
+    data = (storage / damaged).read_bytes()
+    (storage / damaged).write_bytes(b"\x00garbage" + data[len(data) // 3 : len(data) // 2])  # cut and overwritten
+    caplog.set_level(logging.WARNING, logger="llama_index_retrieval_kit.evaluation")
+    again = _rerun(job_copy)
+    build = again.builds[0]
+    assert not build.reused and build.embedded == 0  # rebuilt, and every vector came from the cache
+    warned = " ".join(r.getMessage() for r in caplog.records)
+    assert str(storage) in warned and "rebuilding" in warned
+    assert again.evaluations["hybrid"].mean["hit_rate@5"] > 0.5
+    assert _rerun(job_copy).builds[0].reused  # the rebuilt folder reopens
+
+
+def test_a_damaged_embedding_cache_is_an_error_naming_it(job_copy: Path) -> None:
+    cache = _storage(job_copy) / "embeddings.sqlite"
+    cache.write_bytes(b"not a database, just bytes" * 100)
+    with pytest.raises(ValueError, match=rf"embedding cache {re.escape(str(cache))} is damaged .*: delete it and run again"):
+        _rerun(job_copy)
+
+
+def test_an_index_open_elsewhere_is_refused_and_left_intact(job_copy: Path) -> None:
+    from llama_index_retrieval_kit.indices import HybridIndex, IndexBusyError
+
+    storage = _storage(job_copy)
+    files_before = sorted(p.relative_to(storage) for p in storage.rglob("*"))
+    with HybridIndex.load(storage, embed_model=shared_embed_model()) as open_index:
+        with pytest.raises(IndexBusyError):
+            _rerun(job_copy)
+        assert sorted(p.relative_to(storage) for p in storage.rglob("*")) == files_before
+        assert open_index.as_retriever(mode="sparse", similarity_top_k=2).retrieve("annual fee")

@@ -308,3 +308,14 @@ def test_document_with_a_lone_surrogate_is_refused_by_name(index: HybridIndex) -
     with pytest.raises(ValueError, match="Document objects"):
         index.upsert(["just a string"])
     assert index.doc_ids() == before
+
+
+def test_bad_query_text_is_a_clear_error_in_every_mode(index: HybridIndex) -> None:
+    for mode, dense_search in MODE_VARIANTS:
+        retriever = _retriever(index, mode, dense_search)
+        with pytest.raises(ValueError, match="decode it first"):
+            retriever.retrieve(b"fees")
+        with pytest.raises(ValueError, match="lone surrogate"):
+            retriever.retrieve("late \ud800 fee")
+        with pytest.raises(ValueError, match="str or a QueryBundle"):
+            retriever.retrieve(None)

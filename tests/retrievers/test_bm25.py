@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
@@ -416,3 +417,43 @@ def test_caller_nodes_are_never_mutated_or_shared(corpus: List[TextNode], tmp_pa
     results[0].node.metadata["lang"] = "yy"
     again = bm25.retrieve("interest")
     assert again[0].node.text.startswith("Interest") and again[0].node.metadata["lang"] == "en"
+
+
+# ----- query input ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("query", ["annual \ud800 fee", "\udfff", "fee\udc80s"])
+def test_a_query_with_a_lone_surrogate_is_refused_with_its_position(corpus: List[TextNode], query: str) -> None:
+    bm25 = BM25Retriever(corpus)
+    position = next(i for i, c in enumerate(query) if 0xD800 <= ord(c) <= 0xDFFF)
+    with pytest.raises(ValueError, match=rf"query text contains a lone surrogate .* at position {position}; it is not valid Unicode"):
+        bm25.retrieve(query)
+    # A custom pattern that keeps the surrogate used to crash in the stemmer (UnicodeEncodeError).
+    anything = BM25Retriever(corpus, tokenizer_config=BM25TokenizerConfig(token_pattern=r"\S+"))
+    with pytest.raises(ValueError, match="lone surrogate"):
+        anything.retrieve(query)
+    assert ranked(bm25, "annual fee")[0][0] == "d1-0"
+
+
+def test_a_bytes_or_non_text_query_is_a_clear_error(corpus: List[TextNode]) -> None:
+    import asyncio
+
+    from llama_index.core.schema import QueryBundle
+
+    bm25 = BM25Retriever(corpus)
+    with pytest.raises(ValueError, match=r"the query must be a str, got bytes b'fees': decode it first"):
+        bm25.retrieve(b"fees")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"QueryBundle.query_str must be a str, got bytes"):
+        bm25.retrieve(QueryBundle(query_str=b"fees"))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"the query must be a str, got bytes"):
+        asyncio.run(bm25.aretrieve(b"fees"))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("value", "shown"), [("5", "'5' (str)"), (None, "None (NoneType)"), (True, "True (bool)")])
+def test_similarity_top_k_must_be_a_real_int(corpus: List[TextNode], value: object, shown: str) -> None:
+    message = re.escape(f"similarity_top_k must be an int >= 1, got {shown}")
+    with pytest.raises(ValueError, match=message):
+        BM25Retriever(corpus, similarity_top_k=value)  # type: ignore[arg-type]
+    if value is not None:  # with_filters(similarity_top_k=None) keeps the retriever's own
+        with pytest.raises(ValueError, match=message):
+            BM25Retriever(corpus).with_filters(None, similarity_top_k=value)  # type: ignore[arg-type]

@@ -88,3 +88,64 @@ def test_retriever_returns_copies_and_follows_the_matrix_it_is_given() -> None:
     assert [r.node.node_id for r in retriever.retrieve(QueryBundle("q", embedding=[0.0, 1.0, 0.0]))] == ["n0"]
     with pytest.raises(ValueError, match="similarity_top_k"):
         ExactDenseRetriever(lambda: current["m"], MockEmbedding(embed_dim=3), similarity_top_k=0)
+
+
+# ----- query input ---------------------------------------------------------------------------------
+
+
+def _eye_retriever(embed_model=None) -> ExactDenseRetriever:
+    from llama_index.core.schema import TextNode
+
+    nodes = [TextNode(id_=f"n{i}", text=f"text {i}") for i in range(3)]
+    matrix = DenseMatrix.build(nodes, np.eye(3, dtype=np.float32))
+    return ExactDenseRetriever(lambda: matrix, embed_model or MockEmbedding(embed_dim=3), similarity_top_k=2)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("position", [0, 2])
+def test_a_non_finite_given_query_embedding_is_refused(bad: float, position: int) -> None:
+    vector = [0.0, 1.0, 0.0]
+    vector[position] = bad
+    with pytest.raises(ValueError, match=rf"QueryBundle.embedding has 1 NaN or infinite value\(s\) \(first at position {position}"):
+        _eye_retriever().retrieve(QueryBundle("q", embedding=vector))
+    matrix = DenseMatrix.build([], np.zeros((0, 3)))
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        top_dense_matches(matrix, vector, 3)  # refused even when there is nothing to rank
+
+
+@settings(max_examples=50, deadline=None)
+@given(arrays(np.float64, 3, elements=st.floats(allow_nan=True, allow_infinity=True)))
+def test_retrieval_never_returns_nan_scores(vector: np.ndarray) -> None:
+    retriever = _eye_retriever()
+    try:
+        results = retriever.retrieve(QueryBundle("q", embedding=vector.tolist()))
+    except ValueError as exc:
+        with np.errstate(over="ignore"):
+            assert not np.isfinite(vector.astype(np.float32)).all(), exc
+    else:
+        assert all(np.isfinite(r.score) for r in results)
+        single = vector.astype(np.float32)  # what the index compares
+        if np.abs(single).max() > 0:  # the best row is a largest component's, however large
+            assert single[int(results[0].node.node_id[1:])] == single.max()
+
+
+def test_a_non_finite_embedding_from_the_model_is_refused_and_not_stored() -> None:
+    class NanEmbedding(MockEmbedding):
+        def _get_query_embedding(self, query: str):
+            return [float("nan")] * 3
+
+    bundle = QueryBundle("q")
+    with pytest.raises(ValueError, match=r"the query embedding computed by NanEmbedding has 3 NaN"):
+        _eye_retriever(NanEmbedding(embed_dim=3)).retrieve(bundle)
+    assert bundle.embedding is None  # a later stage does not reuse it
+
+
+def test_a_bytes_query_is_a_clear_error() -> None:
+    retriever = _eye_retriever()
+    with pytest.raises(ValueError, match=r"the query must be a str, got bytes b'fees': decode it first"):
+        retriever.retrieve(b"fees")  # type: ignore[arg-type]
+    import asyncio
+
+    with pytest.raises(ValueError, match=r"the query must be a str or a QueryBundle, got NoneType"):
+        asyncio.run(retriever.aretrieve(None))  # type: ignore[arg-type]
+    assert [r.node.node_id for r in retriever.retrieve(QueryBundle("q", embedding=[1.0, 0.0, 0.0]))][0] == "n0"
