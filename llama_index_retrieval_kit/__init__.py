@@ -8,7 +8,7 @@ the evaluation package measures it.
 from .embeddings import FastHuggingFaceEmbedding
 from .indices import DocumentIdConflictError, EmbeddingCache, HybridIndex, IndexBusyError
 from .node_parser import SectionHierarchyNodeParser, SectionWindowNodeParser
-from .postprocessor import NoAnswerPostprocessor
+from .postprocessor import CrossEncoderReranker, NoAnswerPostprocessor, RerankBackend, RerankedNodeWithScore
 from .readers import DocumentReadError, FileReadError, MarkdownReader, PagedPDFReader, TextFileReader
 from .retrievers import (
     BM25Retriever,
@@ -45,4 +45,7 @@ __all__ = [
     "ExactDenseRetriever",
     "FastHuggingFaceEmbedding",
     "NoAnswerPostprocessor",
+    "CrossEncoderReranker",
+    "RerankBackend",
+    "RerankedNodeWithScore",
 ]

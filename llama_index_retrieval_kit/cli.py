@@ -31,13 +31,12 @@ EXIT_CODES = {
     EXIT_OK: "success",
     EXIT_PARTIAL: "finished, but some files could not be read (listed), or nothing could be indexed",
     EXIT_USAGE: "bad arguments or input (the message says what to change)",
-    EXIT_BUSY: "the index is open in another process: close it, or serve the index from a Qdrant server",
+    EXIT_BUSY: "the index is open or being written by another process (or read-only after a failed write): "
+    "close it, or serve the index from a Qdrant server",
     EXIT_DAMAGED: "the index folder is damaged (the message names the file and how to rebuild)",
     EXIT_INTERNAL: "internal error (a bug): rerun with --verbose for the traceback",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
 }
-#: Exception class names (defined by the storage module) that mean a damaged index folder.
-_DAMAGED_INDEX_ERRORS = ("DamagedIndexError", "CorruptIndexError", "IndexCorruptedError")
 
 
 class CLIError(ValueError):
@@ -299,13 +298,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _exit_code(exc: BaseException) -> int:
     """The exit code for an exception (see :data:`EXIT_CODES`)."""
-    from .indices import IndexBusyError
+    from .indices import DamagedIndexError, IndexBusyError, IndexReadOnlyError, IndexWriteLockedError
 
-    if isinstance(exc, IndexBusyError):
+    if isinstance(exc, (IndexBusyError, IndexWriteLockedError, IndexReadOnlyError)):
         return EXIT_BUSY
-    for name in _DAMAGED_INDEX_ERRORS:
-        if type(exc).__name__ == name:
-            return EXIT_DAMAGED
+    if isinstance(exc, DamagedIndexError):
+        return EXIT_DAMAGED
     if isinstance(exc, (ValueError, FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
         return EXIT_USAGE
     return EXIT_INTERNAL

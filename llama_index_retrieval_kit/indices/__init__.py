@@ -8,6 +8,7 @@ from .hybrid_index import (
     HybridIndex,
     IndexBusyError,
 )
+from .storage import DamagedIndexError, IndexReadOnlyError, IndexWriteLockedError
 
 __all__ = [
     "HybridIndex",
@@ -15,6 +16,9 @@ __all__ = [
     "RETRIEVER_OPTIONS",
     "DocumentIdConflictError",
     "IndexBusyError",
+    "DamagedIndexError",
+    "IndexReadOnlyError",
+    "IndexWriteLockedError",
     "EmbeddingCache",
     "embed_texts",
 ]

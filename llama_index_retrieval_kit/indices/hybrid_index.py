@@ -15,16 +15,32 @@ did not finish rolls Qdrant back to the committed generation (vectors come from 
 cache), so the previous index is what you read. A write that fails with an exception does the
 same roll-back at once in the live object; if that fails too, the journal keeps every touched
 id (it only grows until a commit) and the next open repairs the folder.
+
+Folder safety (:mod:`.storage`): every value of ``index.json`` is validated before use; each
+commit records the sha256 of the generation's BM25 and docstore files and the number of chunks,
+checked on open (a damaged folder is a :class:`~.storage.DamagedIndexError` naming the file and
+the rebuild command; folders written before checksums load unverified until their next write);
+generation files and directory entries are fsynced; one writer at a time (threads of a process,
+and processes through ``.write.lock``); :meth:`HybridIndex.from_documents` builds in a sibling
+folder and renames it into place when complete. When a roll-back cannot be written (disk full),
+the index opens read-only on the committed state.
+
+**Only open folders you trust.** Qdrant local mode unpickles every stored point when it opens
+``qdrant/``, so a crafted folder can run code in your process; validation and checksums guard
+against damage, not against a malicious folder.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import logging
 import os
-import shutil
-import tempfile
+import pickle
+import sqlite3
 import threading
+import zipfile
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Literal, Optional, Sequence
 
@@ -56,7 +72,8 @@ from ..retrievers.qdrant_hybrid import (
     point_ids_filter,
     sparse_vectors_config,
 )
-from .embedding_cache import EmbeddingCache, embed_texts
+from . import storage as _storage
+from .embedding_cache import EmbeddingCache, embed_texts, model_key, text_key
 from .fused_retriever import FusedIndexRetriever
 from .rwlock import ReadWriteLock
 
@@ -96,12 +113,112 @@ def _parser_from_dict(data: Dict[str, Any]) -> NodeParser:
 
 
 def _write_json_atomic(path: Path, data: Dict[str, Any]) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=2)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    """index.json in one rename; the file and the directory entry are fsynced (storage.py)."""
+    _storage.write_json_atomic(path, data)
+
+
+def _prepare_build_folder(build: Path, storage: Path) -> None:
+    """Empty the build folder of an earlier, interrupted build, keeping its embedding cache; with
+    no cache there, start from the cache in ``storage``: a copy when it belongs to the index
+    being replaced (untouched until the new one is complete), else the file itself."""
+    kept = _storage.clear_build_folder(build, keep_prefix="embeddings.sqlite")
+    source = storage / "embeddings.sqlite"
+    if kept or not source.is_file():
+        if kept:
+            logger.info("%s: reusing the embedding cache of an interrupted build", build)
+        return
+    dest = build / "embeddings.sqlite"
+    if not (storage / "index.json").exists():
+        for part in sorted(storage.glob("embeddings.sqlite*")):  # with its journal, if any
+            os.replace(part, build / part.name)
+        return
+    try:
+        src = sqlite3.connect(f"{source.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            dst = sqlite3.connect(str(dest))
+            try:
+                src.backup(dst)
+            finally:
+                dst.close()
+        finally:
+            src.close()
+    except sqlite3.Error as exc:
+        logger.warning("%s: not reusing the embedding cache of the replaced index (%s)", source, exc)
+        for leftover in build.glob("embeddings.sqlite*"):
+            leftover.unlink(missing_ok=True)
+
+
+def _exclusive_write(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Run an index write alone, from its first read of the index to its commit: other threads of
+    this process wait, and so do other processes and other HybridIndex objects on the folder
+    (``flock`` on its ``.write.lock``; waited for up to ``storage.DEFAULT_LOCK_TIMEOUT`` = 60 s,
+    then ``storage.IndexWriteLockedError``). The write then starts from the committed state on
+    disk (another process sharing a Qdrant server may have committed since)."""
+
+    @functools.wraps(method)
+    def guarded(self: "HybridIndex", *args: Any, **kwargs: Any) -> Any:
+        self._check_writable()
+        with self._write_guard.hold():
+            self._check_writable()
+            with self._rw_lock.write():  # a roll-back or a newer generation: Qdrant readers wait
+                self._sync_with_disk()
+            return method(self, *args, **kwargs)
+
+    return guarded
+
+
+#: Errors of reading damaged files (zip, numpy, JSON, pickle, SQLite) that mean "damaged folder".
+_READ_ERRORS = (
+    OSError,
+    EOFError,
+    KeyError,
+    IndexError,
+    TypeError,
+    AttributeError,
+    UnicodeDecodeError,
+    zipfile.BadZipFile,
+    pickle.UnpicklingError,
+    sqlite3.DatabaseError,
+)
+
+
+def _open_qdrant(open_client: Callable[..., QdrantClient], storage: Path, config: Dict[str, Any], api_key: Optional[str]) -> QdrantClient:
+    """``open_client`` (HybridIndex._open_client), where a damaged local-mode store is a
+    DamagedIndexError naming its file."""
+    url = config.get("qdrant_url")
+    if url:
+        return open_client(storage, url, api_key)
+    try:
+        return open_client(storage, url, api_key)
+    except (json.JSONDecodeError, *_READ_ERRORS, ValueError) as exc:
+        if isinstance(exc, OSError) and not isinstance(exc, (FileNotFoundError, NotADirectoryError)):
+            raise  # permissions and the like: not damage
+        path = storage / "qdrant"
+        if isinstance(exc, json.JSONDecodeError):
+            path = path / "meta.json"
+        elif isinstance(exc, (sqlite3.DatabaseError, pickle.UnpicklingError, EOFError)):
+            path = path / "collection" / config["collection"] / "storage.sqlite"
+        raise _storage.DamagedIndexError(path, f"cannot be read ({type(exc).__name__}: {exc})", storage) from exc
+
+
+def _read_generation(storage: Path, gen: int, custom_tokenizer: Any) -> tuple[BM25Retriever, SimpleDocumentStore]:
+    """Load generation ``gen``'s BM25 index and docstore; unreadable files are a DamagedIndexError."""
+    folder = _storage.bm25_dir(storage, gen)
+    try:
+        bm25 = BM25Retriever.load(folder, custom_tokenizer=custom_tokenizer)
+    except ValueError as exc:
+        if "custom tokenizer" in str(exc):  # a usage error (load(custom_tokenizer=...)), not damage
+            raise
+        raise _storage.DamagedIndexError(folder, f"cannot be read ({type(exc).__name__}: {exc})", storage) from exc
+    except _READ_ERRORS as exc:
+        raise _storage.DamagedIndexError(folder, f"cannot be read ({type(exc).__name__}: {exc})", storage) from exc
+    path = _storage.docstore_file(storage, gen)
+    try:
+        docstore = SimpleDocumentStore.from_persist_path(str(path))
+        docstore.get_all_ref_doc_info()  # parses the structure
+    except (ValueError, *_READ_ERRORS) as exc:
+        raise _storage.DamagedIndexError(path, f"cannot be read ({type(exc).__name__}: {exc})", storage) from exc
+    return bm25, docstore
 
 
 class IndexBusyError(RuntimeError):
@@ -293,6 +410,11 @@ class HybridIndex:
         self._dense_lock = threading.Lock()
         # Write side: an update changing Qdrant/BM25/docstore; read side: queries reading Qdrant.
         self._rw_lock = ReadWriteLock()
+        # One writer at a time, for a whole upsert/delete: this process's threads and other processes.
+        self._write_guard = _storage.WriteGuard(Path(storage_dir) / _storage.WRITE_LOCK)
+        self._read_only: Optional[str] = None  # why this object may not write or search Qdrant
+        self._write_start_snapshot: Any = None  # the BM25 state the running write started from
+        self._vectors_checked = False  # Qdrant's vectors compared with the embedding cache (once)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -315,16 +437,22 @@ class HybridIndex:
 
         ``overwrite=True`` replaces an existing index there; otherwise an existing index is an
         error (use :meth:`load` and :meth:`upsert`).
+
+        The index is built in a sibling folder (``.<name>.building``) and renamed to
+        ``storage_dir`` only when complete, so an interrupted or failed build leaves any previous
+        index untouched and never a half-built one. Building again reuses the embeddings the
+        interrupted build computed (and, with ``overwrite=True``, those of the replaced index).
         """
         storage = Path(storage_dir)
-        if (storage / "index.json").exists():
-            if not overwrite:
-                raise ValueError(
-                    f"{storage} already holds an index; open it with HybridIndex.load({str(storage)!r}) and "
-                    "upsert(), or pass overwrite=True to rebuild it"
-                )
-            shutil.rmtree(storage)
-        storage.mkdir(parents=True, exist_ok=True)
+        if storage.is_symlink() or storage.name in ("", ".."):  # build next to the real folder
+            storage = storage.resolve()
+        if (storage / "index.json").exists() and not overwrite:
+            raise ValueError(
+                f"{storage} already holds an index; open it with HybridIndex.load({str(storage)!r}) and "
+                "upsert(), or pass overwrite=True to rebuild it"
+            )
+        if storage.exists() and not storage.is_dir():
+            raise ValueError(f"{storage} is a file, not a folder: choose another storage_dir")
         embed_model = embed_model or default_embed_model()
         node_parser = node_parser or SectionWindowNodeParser()
         tokenizer_config = tokenizer_config or BM25TokenizerConfig()
@@ -342,21 +470,59 @@ class HybridIndex:
             "generation": 0,
             "pending": None,
         }
-        client = cls._open_client(storage, qdrant_url, qdrant_api_key)
-        bm25 = BM25Retriever([], tokenizer_config=tokenizer_config, k1=bm25_k1, b=bm25_b)
-        index = cls(storage, config, embed_model, node_parser, client, bm25, SimpleDocumentStore(), tokenizer_config)
-        try:
-            index._commit()  # generation 0: empty but valid
-            index.upsert(documents, show_progress=show_progress)
-            if not client.collection_exists(config["collection"]):
-                # No document gave a chunk: create the collection anyway (dimension from one probe
-                # embedding), so that every retriever mode answers [] instead of "not found".
-                index._ensure_collection(len(embed_model.get_text_embedding("dimension probe")))
-                _write_json_atomic(storage / "index.json", index.config)
-        except BaseException:
-            index.close()  # release the Qdrant lock: the caller never gets this object
-            raise
+        build = _storage.building_dir(storage)
+        build.mkdir(parents=True, exist_ok=True)
+        guard = _storage.WriteGuard(build / _storage.WRITE_LOCK, timeout=0)  # one build per folder at a time
+        with guard.hold():
+            _prepare_build_folder(build, storage)
+            client = cls._open_client(build, qdrant_url, qdrant_api_key)
+            bm25 = BM25Retriever([], tokenizer_config=tokenizer_config, k1=bm25_k1, b=bm25_b)
+            try:
+                index = cls(build, config, embed_model, node_parser, client, bm25, SimpleDocumentStore(), tokenizer_config)
+            except BaseException:
+                client.close()
+                raise
+            index._write_guard = guard
+            try:
+                index._commit()  # generation 0: empty but valid
+                index.upsert(documents, show_progress=show_progress)
+                if not client.collection_exists(config["collection"]):
+                    # No document gave a chunk: create the collection anyway (dimension from one probe
+                    # embedding), so that every retriever mode answers [] instead of "not found".
+                    index._ensure_collection(len(embed_model.get_text_embedding("dimension probe")))
+                    _write_json_atomic(build / "index.json", index.config)
+                index._publish_build(storage, qdrant_api_key)
+            except BaseException:
+                index.close()  # release the Qdrant lock: the caller never gets this object
+                raise
+        guard.retarget(storage / _storage.WRITE_LOCK)
         return index
+
+    def _publish_build(self, storage: Path, qdrant_api_key: Optional[str]) -> None:
+        """Move this complete index from its build folder to ``storage`` and reopen it there.
+
+        A replaced index is moved aside (under its write lock, so no write of another process is
+        cut in half) and deleted only once the new one is in place.
+        """
+        self.client.close()
+        self.cache.close()
+        old_lock = None
+        if (storage / "index.json").exists():
+            old_lock = _storage.FileLock(storage / _storage.WRITE_LOCK)
+            old_lock.acquire(_storage.DEFAULT_LOCK_TIMEOUT)  # a write of another process finishes first
+            if os.name == "nt":  # Windows cannot rename a folder with an open file in it
+                old_lock.release()
+                old_lock = None
+        try:
+            _storage.publish_folder(self.storage_dir, storage)
+        finally:
+            if old_lock is not None:
+                old_lock.release()
+        _storage.remove_path(_storage.replaced_dir(storage))
+        self.storage_dir = storage
+        self.cache = EmbeddingCache(storage / "embeddings.sqlite")
+        self._vector_store = None
+        self.client = self._open_client(storage, self.config.get("qdrant_url"), qdrant_api_key)
 
     @classmethod
     def load(
@@ -367,14 +533,33 @@ class HybridIndex:
         qdrant_api_key: Optional[str] = None,
         custom_tokenizer: Any = None,
     ) -> "HybridIndex":
-        """Open an index folder. The embedding model must be the one it was built with."""
+        """Open an index folder. The embedding model must be the one it was built with.
+
+        **Only open folders you trust**: Qdrant local mode unpickles every point stored in
+        ``qdrant/`` when it opens the folder, so a crafted folder can run code in this process.
+        The checks below catch damage, not malice.
+
+        Before anything is used, every value of ``index.json`` is validated, the committed
+        generation's BM25 and docstore files are checked against the sha256 recorded at commit
+        (folders written before checksums load unverified until their next write), and Qdrant's
+        point count is compared with the BM25 index: a damaged folder is a
+        :class:`~.storage.DamagedIndexError` (a ``ValueError``) naming the file and the rebuild
+        command. An unfinished write is rolled back; when that cannot be written (disk full,
+        read-only folder) the index opens read-only on the committed state, with a warning
+        (dense search from the embedding cache; Qdrant-side search and writes raise
+        :class:`~.storage.IndexReadOnlyError`), and a later writable open finishes the roll-back.
+        """
         storage = Path(storage_dir)
         manifest = storage / "index.json"
         if not manifest.exists():
-            raise ValueError(f"{storage} holds no index.json: build an index there with HybridIndex.from_documents first")
-        config = json.loads(manifest.read_text(encoding="utf-8"))
-        if config.get("format_version") != FORMAT_VERSION:
-            raise ValueError(f"{manifest}: format_version {config.get('format_version')!r}; this version reads {FORMAT_VERSION}")
+            build = _storage.building_dir(storage)
+            hint = (
+                f" ({build} holds an interrupted build: build again, it reuses the embeddings computed so far)"
+                if build.is_dir()
+                else ""
+            )
+            raise ValueError(f"{storage} holds no index.json: build an index there with HybridIndex.from_documents first{hint}")
+        config = _storage.read_manifest(manifest, FORMAT_VERSION)
         built_with = _describe_model(config.get("embed_model_class"), config["embed_model"])
         if embed_model is None:
             if config["embed_model"] != DEFAULT_EMBED_MODEL:
@@ -391,16 +576,24 @@ class HybridIndex:
             )
         node_parser = node_parser or _parser_from_dict(config["node_parser"])
         gen = config["generation"]
-        bm25 = BM25Retriever.load(storage / "bm25" / f"gen-{gen}", custom_tokenizer=custom_tokenizer)
-        docstore = SimpleDocumentStore.from_persist_path(str(storage / "docstore" / f"gen-{gen}.json"))
-        client = cls._open_client(storage, config.get("qdrant_url"), qdrant_api_key)
-        index = cls(storage, config, embed_model, node_parser, client, bm25, docstore, bm25.tokenizer_config)
-        if config.get("pending"):
-            try:
-                index._roll_back(config["pending"])
-            except BaseException:
-                index.close()
-                raise
+        verified = _storage.verify_generation(storage, gen, config.get("integrity"), manifest)
+        bm25, docstore = _read_generation(storage, gen, custom_tokenizer)
+        client = _open_qdrant(cls._open_client, storage, config, qdrant_api_key)
+        try:
+            index = cls(storage, config, embed_model, node_parser, client, bm25, docstore, bm25.tokenizer_config)
+        except sqlite3.DatabaseError as exc:
+            client.close()
+            raise _storage.DamagedIndexError(
+                storage / "embeddings.sqlite",
+                f"is not a readable SQLite database ({exc})",
+                storage,
+                repair="it only caches embeddings: delete it and open the index again",
+            ) from None
+        try:
+            index._finish_open(verified)
+        except BaseException:
+            index.close()
+            raise
         return index
 
     @staticmethod
@@ -415,9 +608,11 @@ class HybridIndex:
             raise
 
     def close(self) -> None:
-        """Release the Qdrant local-mode lock and the cache file."""
-        self.client.close()
-        self.cache.close()
+        """Release the Qdrant local-mode lock and the cache file (after a write running in
+        another thread of this process has finished)."""
+        with self._write_guard.hold_local():
+            self.client.close()
+            self.cache.close()
 
     def __enter__(self) -> "HybridIndex":
         return self
@@ -426,6 +621,7 @@ class HybridIndex:
         self.close()
 
     # ------------------------------------------------------------------ writes
+    @_exclusive_write
     def upsert(
         self, documents: Sequence[Document], show_progress: bool = False, allow_source_change: bool = False
     ) -> Dict[str, int]:
@@ -494,6 +690,7 @@ class HybridIndex:
         logger.info("upserted %d documents: %d chunks, %d stale removed, %d embedded", len(ids), len(nodes), len(stale), embedded)
         return {"documents": len(ids), "chunks": len(nodes), "removed": len(stale), "embedded": embedded}
 
+    @_exclusive_write
     def delete(self, doc_id: str) -> int:
         """Remove a document's chunks from every leg; returns how many were removed."""
         node_ids = sorted(self._node_ids_of(doc_id))
@@ -581,6 +778,7 @@ class HybridIndex:
         pending = self.config.get("pending")
         if pending:
             touched.update(pending.get("touched_ids", []))
+        self._write_start_snapshot = self.bm25.snapshot  # the committed BM25 state, for _recover
         self.config["pending"] = {"generation": self.config["generation"] + 1, "touched_ids": sorted(touched)}
         _write_json_atomic(self.storage_dir / "index.json", self.config)
 
@@ -588,49 +786,144 @@ class HybridIndex:
         """After a failed write: read the committed generation again and roll Qdrant back to it.
 
         A write changes BM25 and the docstore in memory before it commits, so without this the
-        live object would keep serving the half-done write. Best effort: when recovery fails too,
-        the journal stays in index.json and :meth:`load` rolls back on the next open.
+        live object would keep serving the half-done write. When recovery fails too, the journal
+        stays in index.json (:meth:`load` rolls back on the next open) and this object turns
+        read-only on the committed state: BM25 answers from the state the write started from,
+        dense search from the embedding cache, and Qdrant-side search and writes raise
+        :class:`~.storage.IndexReadOnlyError` (its Qdrant client is closed) until reopened.
         """
         try:
-            config = json.loads((self.storage_dir / "index.json").read_text(encoding="utf-8"))
+            self._sync_with_disk(reload=True)
+        except Exception as exc:
+            logger.exception("%s: could not roll back the failed write in this process; HybridIndex.load will", self.storage_dir)
+            if self._write_start_snapshot is not None:
+                with self.bm25._shared.lock:
+                    self.bm25._shared.snapshot = self._write_start_snapshot
+            self._enter_read_only(f"the roll-back of a failed write could not be done ({type(exc).__name__}: {exc})")
+        self._write_start_snapshot = None
+
+    def _sync_with_disk(self, reload: bool = False, state_is_committed: bool = False) -> None:
+        """Catch up with the committed state on disk (under the write guard).
+
+        Reads the committed generation when another process committed one since (or when
+        ``reload``), and then rolls back a journal left in index.json. A journal this object left
+        itself (its own failed write, its in-memory state possibly uncommitted) is only rolled back
+        when ``state_is_committed`` (just opened); otherwise the next write extends it. Runs before
+        every write, after a failed one, and on open.
+        """
+        manifest = self.storage_dir / "index.json"
+        config = _storage.read_manifest(manifest, FORMAT_VERSION, self.storage_dir)
+        fresh = state_is_committed
+        if reload or config["generation"] != self.config["generation"]:
+            fresh = True
             gen = config["generation"]
-            committed = BM25Retriever.load(
-                self.storage_dir / "bm25" / f"gen-{gen}", custom_tokenizer=self.tokenizer_config.custom_tokenizer
-            )
-            docstore = SimpleDocumentStore.from_persist_path(str(self.storage_dir / "docstore" / f"gen-{gen}.json"))
+            _storage.verify_generation(self.storage_dir, gen, config.get("integrity"), manifest)
+            committed, docstore = _read_generation(self.storage_dir, gen, self.tokenizer_config.custom_tokenizer)
             # Swap the state in place, so retrievers made earlier (BM25 views) see it too.
             with self.bm25._shared.lock:
-                self.bm25._shared.snapshot = committed._shared.snapshot
+                self.bm25._shared.snapshot = committed.snapshot
             self.docstore = docstore
             self.config = config
             self._dense = None
-            if config.get("pending"):
-                self._roll_back(config["pending"])
-        except Exception:
-            logger.exception("%s: could not roll back the failed write in this process; HybridIndex.load will", self.storage_dir)
+        else:
+            self.config["pending"] = config["pending"]
+        if fresh and self.config.get("pending"):
+            self._roll_back(self.config["pending"])
+
+    def _enter_read_only(self, reason: str) -> None:
+        """Serve the committed state only (see :meth:`_recover`); Qdrant may hold uncommitted points."""
+        self._read_only = reason
+        error = _storage.IndexReadOnlyError(self.storage_dir, reason)
+        self._rw_lock = _storage.RefusingLock(error)  # Qdrant-side retrievers made from now on raise it
+        self._dense = None
+        try:
+            self.client.close()  # those made earlier fail too, and the folder's Qdrant lock is free
+        except Exception:  # pragma: no cover - closing is best effort here
+            logger.debug("closing the Qdrant client of a read-only index failed", exc_info=True)
+        logger.warning("%s", error)
+
+    def _check_writable(self) -> None:
+        if self._read_only is not None:
+            raise _storage.IndexReadOnlyError(self.storage_dir, self._read_only)
+
+    def _finish_open(self, verified: bool) -> None:
+        """On :meth:`load`, under the write lock (so that no write of another process sharing a
+        Qdrant server is half done): roll back an unfinished write, read-only when that cannot be
+        written, then compare the Qdrant point count with the BM25 index."""
+        with contextlib.ExitStack() as locked:
+            try:
+                locked.enter_context(self._write_guard.hold(timeout=0))
+            except _storage.IndexWriteLockedError:
+                # Another process (sharing a Qdrant server) is writing: a journal is its own, not a crash.
+                logger.info("%s: a write is running in another process; opening the committed index", self.storage_dir)
+                return
+            except OSError as exc:  # no lock file in a read-only folder: then no one writes there either
+                if self.config.get("pending"):
+                    self._enter_read_only(f"an unfinished write cannot be rolled back ({type(exc).__name__}: {exc})")
+            if self.config.get("pending") and self._read_only is None:
+                try:
+                    self._sync_with_disk(state_is_committed=True)
+                except (OSError, sqlite3.Error) as exc:
+                    self._enter_read_only(
+                        f"an unfinished write could not be rolled back ({type(exc).__name__}: {exc}); the committed "
+                        "index is served, Qdrant still holds the unfinished write's points"
+                    )
+            if self._read_only is None:
+                self._check_point_count()
+        if not verified:
+            logger.info(
+                "%s was written before index.json recorded checksums: its files are unverified until the next write",
+                self.storage_dir,
+            )
+
+    def _check_point_count(self) -> None:
+        name = self.config["collection"]
+        points = self.client.count(name, exact=True).count if self.client.collection_exists(name) else 0
+        chunks = len(self.bm25)
+        url = self.config.get("qdrant_url")
+        where = f"Qdrant collection {name!r} at {url}" if url else self.storage_dir / "qdrant"
+        if points != chunks:
+            raise _storage.DamagedIndexError(
+                where, f"holds {points} point(s) but the BM25 index holds {chunks} chunk(s)", self.storage_dir
+            )
+        record = self.config.get("integrity")
+        if record is not None and record["chunks"] != chunks:
+            raise _storage.DamagedIndexError(
+                _storage.bm25_dir(self.storage_dir, self.config["generation"]),
+                f"holds {chunks} chunk(s) but index.json recorded {record['chunks']}",
+                self.storage_dir,
+            )
 
     def _commit(self) -> None:
         """Write the next generation's BM25 and docstore, then switch index.json to it."""
         gen = self.config["generation"] + (1 if self.config.get("pending") else 0)
         if not (self.storage_dir / "index.json").exists():
             gen = 0
-        self.bm25.persist(self.storage_dir / "bm25" / f"gen-{gen}")
-        (self.storage_dir / "docstore").mkdir(parents=True, exist_ok=True)
-        self.docstore.persist(str(self.storage_dir / "docstore" / f"gen-{gen}.json"))
-        old = self.config["generation"]
+        bm25_dir = _storage.bm25_dir(self.storage_dir, gen)
+        docstore_file = _storage.docstore_file(self.storage_dir, gen)
+        self.bm25.persist(bm25_dir)
+        docstore_file.parent.mkdir(parents=True, exist_ok=True)
+        self.docstore.persist(str(docstore_file))
+        _storage.fsync_tree(bm25_dir)  # on disk before index.json names them
+        _storage.fsync_tree(docstore_file)
         self.config["generation"] = gen
         self.config["pending"] = None
+        self.config["integrity"] = _storage.generation_record(self.storage_dir, gen, chunks=len(self.bm25))
         _write_json_atomic(self.storage_dir / "index.json", self.config)
         self._dense = None
-        if old != gen:
-            shutil.rmtree(self.storage_dir / "bm25" / f"gen-{old}", ignore_errors=True)
-            (self.storage_dir / "docstore" / f"gen-{old}.json").unlink(missing_ok=True)
+        self._write_start_snapshot = None
+        for old, paths in _storage.generation_paths(self.storage_dir).items():
+            if old != gen:  # the previous generation, and any left by a crash after a switch
+                for path in paths:
+                    _storage.remove_path(path)
 
     def _roll_back(self, pending: Dict[str, Any]) -> None:
         """Make Qdrant agree with the committed docstore for the ids an unfinished write touched."""
-        touched = pending.get("touched_ids", [])
+        # ``pending`` passed validate_manifest (storage.py): a list of str ids, generation = committed + 1.
+        touched = pending["touched_ids"]
         logger.warning("%s: the last update did not finish; restoring %d chunk(s) of the committed index", self.storage_dir, len(touched))
-        keep = [self.docstore.docs[i] for i in touched if i in self.docstore.docs]
+        docs = self.docstore.docs
+        keep = [docs[i] for i in touched if i in docs]
         keep_ids = {n.node_id for n in keep}
         drop = [i for i in touched if i not in keep_ids]
         if drop and self.client.collection_exists(self.config["collection"]):
@@ -640,12 +933,17 @@ class HybridIndex:
             vectors = embed_texts(self.embed_model, [n.get_content(metadata_mode=MetadataMode.EMBED) for n in leaves], self.cache)
             self._ensure_collection(vectors.shape[1])
             self._write_points(leaves, vectors)
-        nxt = pending.get("generation")
-        shutil.rmtree(self.storage_dir / "bm25" / f"gen-{nxt}", ignore_errors=True)
-        (self.storage_dir / "docstore" / f"gen-{nxt}.json").unlink(missing_ok=True)
-        self.config["pending"] = None
-        _write_json_atomic(self.storage_dir / "index.json", self.config)
         self._dense = None
+        nxt = pending["generation"]
+        _storage.remove_path(_storage.bm25_dir(self.storage_dir, nxt))
+        _storage.remove_path(_storage.docstore_file(self.storage_dir, nxt))
+        self.config["pending"] = None
+        try:
+            _write_json_atomic(self.storage_dir / "index.json", self.config)
+        except OSError as exc:
+            # Qdrant already agrees with the committed state: only the journal is left in index.json
+            # (rolling back again is harmless), cleared by the next write or writable open.
+            logger.warning("%s: rolled back, but could not clear the journal in index.json (%s)", self.storage_dir, exc)
 
     # ------------------------------------------------------------------ reads
     @property
@@ -808,10 +1106,30 @@ class HybridIndex:
             cached = self._dense
             if cached is not None and cached[0] is snapshot:
                 return cached[1]
+            if self._read_only is not None:  # Qdrant may hold an unfinished write: not read
+                self._dense = (snapshot, self._cached_dense_matrix(snapshot))
+                return self._dense[1]
             matrix, complete = self._read_dense_matrix(snapshot)
             if complete:
                 self._dense = (snapshot, matrix)
             return matrix
+
+    def _cached_dense_matrix(self, snapshot: Any) -> DenseMatrix:
+        """The committed chunks' vectors from the embedding cache (the model embeds what it lacks,
+        without writing the cache): a read-only index's dense leg, which must not read Qdrant."""
+        nodes = snapshot.nodes
+        dim = self.config.get("embed_dim") or 1
+        if not nodes:
+            return DenseMatrix.build(nodes, np.zeros((0, dim), dtype=np.float32))
+        texts = [n.get_content(metadata_mode=MetadataMode.EMBED) for n in nodes]
+        keys = [text_key(t) for t in texts]
+        found = self.cache.get_many(model_key(self.embed_model), keys)
+        missing = sorted({k: t for k, t in zip(keys, texts) if k not in found}.items())
+        if missing:
+            logger.warning("%s: %d chunk(s) of the committed index are not in the embedding cache; embedding them", self.storage_dir, len(missing))
+            vectors = embed_texts(self.embed_model, [t for _, t in missing], cache=None)
+            found.update({k: v for (k, _), v in zip(missing, vectors)})
+        return DenseMatrix.build(nodes, np.stack([found[k] for k in keys]))
 
     def _read_dense_matrix(self, snapshot: Any) -> tuple[DenseMatrix, bool]:
         name = self.config["collection"]
@@ -848,8 +1166,37 @@ class HybridIndex:
                 len(missing),
                 extra,
             )
+        if complete and not self._vectors_checked and snapshot is self.bm25.snapshot:
+            self._check_vectors(nodes, vectors)  # once per opened index: damage happens at rest
         logger.debug("dense matrix: %d vectors read from Qdrant", len(stored))
         return DenseMatrix.build(nodes, vectors), complete
+
+    def _check_vectors(self, nodes: Sequence[BaseNode], vectors: np.ndarray) -> None:
+        """Each stored vector must be its chunk's embedding (as cached when it was indexed): a
+        folder whose Qdrant points were swapped or overwritten is a DamagedIndexError, not wrong
+        answers. Chunks whose embedding is no longer cached are not checked."""
+        keys = [text_key(n.get_content(metadata_mode=MetadataMode.EMBED)) for n in nodes]
+        cached = self.cache.get_many(model_key(self.embed_model), keys)
+        rows = [i for i, key in enumerate(keys) if key in cached]
+        self._vectors_checked = True
+        if not rows:
+            return
+        stored = np.asarray(vectors[rows], dtype=np.float32)
+        expected = np.stack([cached[keys[i]] for i in rows]).astype(np.float32)
+        stored /= np.maximum(np.linalg.norm(stored, axis=1, keepdims=True), 1e-12)
+        expected /= np.maximum(np.linalg.norm(expected, axis=1, keepdims=True), 1e-12)
+        bad = np.flatnonzero((stored * expected).sum(axis=1) < 0.99)
+        if bad.size:
+            self._vectors_checked = False
+            node = nodes[rows[int(bad[0])]]
+            url = self.config.get("qdrant_url")
+            where = f"Qdrant collection {self.config['collection']!r} at {url}" if url else self.storage_dir / "qdrant"
+            raise _storage.DamagedIndexError(
+                where,
+                f"{bad.size} point(s) hold a vector that is not their chunk's embedding (e.g. chunk {node.node_id} of "
+                f"{node.ref_doc_id!r}): the points were changed outside HybridIndex",
+                self.storage_dir,
+            )
 
     def as_query_engine(self, llm: Any = None, mode: str = "hybrid", similarity_top_k: int = 5, **kwargs: Any) -> Any:
         """A ``RetrieverQueryEngine`` over :meth:`as_retriever`; ``llm`` defaults to ``Settings.llm``.

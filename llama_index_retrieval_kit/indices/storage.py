@@ -1,0 +1,615 @@
+"""Safety of a ``HybridIndex`` storage folder: manifest validation, checksums, locks, durable writes.
+
+What :class:`~llama_index_retrieval_kit.indices.HybridIndex` uses to treat its folder as untrusted
+input and to write it safely:
+
+* :func:`read_manifest` / :func:`validate_manifest`: every value of ``index.json`` is checked
+  (types, ranges, safe names) before anything uses it, and paths are only ever built from a
+  validated generation number (:func:`bm25_dir`, :func:`docstore_file`). A bad value is a
+  :class:`DamagedIndexError` naming the file, the key and the value.
+* :func:`generation_record` / :func:`verify_generation`: sha256 of each file of a generation
+  (BM25 folder, docstore JSON) and the number of indexed chunks, recorded in the manifest at
+  commit and checked on open, so a damaged folder is an error instead of wrong answers.
+* :func:`fsync_file`, :func:`fsync_dir`, :func:`fsync_tree`, :func:`write_json_atomic`:
+  durability (POSIX; a no-op where the platform cannot fsync a directory).
+* :class:`FileLock` and :class:`WriteGuard`: one writer at a time, across the threads of a
+  process (a re-entrant lock) and across processes (``flock`` on ``.write.lock`` in the folder;
+  ``msvcrt.locking`` on Windows). A writer waits for the lock up to a timeout, then gets
+  :class:`IndexWriteLockedError`.
+
+Nothing here knows about Qdrant, BM25 or LlamaIndex: only paths, JSON values and bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import re
+import shutil
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Mapping, Optional
+
+logger = logging.getLogger(__name__)
+
+MANIFEST = "index.json"
+WRITE_LOCK = ".write.lock"
+#: Seconds a writer waits for another process's write to finish before giving up.
+DEFAULT_LOCK_TIMEOUT = 60.0
+#: Collection names: letters, digits, ``_`` and ``-`` (Qdrant local mode makes a folder of it).
+SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,127}")
+_GEN_DIR = re.compile(r"gen-(0|[1-9][0-9]{0,17})")
+_GEN_FILE = re.compile(r"gen-(0|[1-9][0-9]{0,17})\.json")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+MAX_GENERATION = 10**18 - 1  # gen-N names stay short (and match _GEN_DIR)
+_HASH_CHUNK = 1 << 20
+
+
+# ---------------------------------------------------------------------------------- errors
+
+
+def repair_hint(storage_dir: Path | str) -> str:
+    """How to rebuild a damaged folder (CLI and Python)."""
+    return (
+        f"rebuild it: `rkit index <documents> --storage {storage_dir} --rebuild`, or "
+        f"HybridIndex.from_documents(documents, {str(storage_dir)!r}, overwrite=True)"
+    )
+
+
+class DamagedIndexError(ValueError):
+    """A file of an index folder is unreadable, inconsistent or changed outside ``HybridIndex``.
+
+    The message names the file and the repair. ``path`` is that file, ``storage_dir`` the folder.
+    """
+
+    def __init__(self, path: Path | str, problem: str, storage_dir: Path | str, repair: Optional[str] = None) -> None:
+        self.path = path if isinstance(path, str) else Path(path)  # a str names a Qdrant server's collection
+        self.storage_dir = Path(storage_dir)
+        self.problem = problem
+        super().__init__(f"{path}: {problem}. The index folder is damaged; {repair or repair_hint(storage_dir)}")
+
+
+class IndexWriteLockedError(RuntimeError):
+    """Another process kept the folder's write lock longer than the timeout."""
+
+    def __init__(self, lock_path: Path, timeout: Optional[float]) -> None:
+        self.lock_path = Path(lock_path)
+        waited = f" for more than {timeout:g} s" if timeout else ""
+        super().__init__(
+            f"another process (or another HybridIndex object) is writing to {lock_path.parent} (it holds "
+            f"{lock_path}{waited}): wait for that write or build to finish and try again"
+        )
+
+
+class IndexReadOnlyError(RuntimeError):
+    """The index object cannot write (or search Qdrant) until the folder is opened again."""
+
+    def __init__(self, storage_dir: Path | str, reason: str) -> None:
+        self.storage_dir = Path(storage_dir)
+        self.reason = reason
+        super().__init__(
+            f"{storage_dir} is open read-only: {reason}. Queries answer from the committed index "
+            "(Qdrant-side search, mode='qdrant_hybrid' or dense_search='qdrant', is unavailable) and writes "
+            "are refused. Free disk space (or fix the folder's permissions), then open it again with "
+            "HybridIndex.load to finish the roll-back"
+        )
+
+
+class RefusingLock:
+    """Stands in for a read-write lock in an index that must not touch Qdrant: both sides raise."""
+
+    def __init__(self, error: Exception) -> None:
+        self._error = error
+
+    @contextmanager
+    def read(self) -> Iterator[None]:
+        raise self._error
+        yield  # pragma: no cover
+
+    @contextmanager
+    def write(self) -> Iterator[None]:
+        raise self._error
+        yield  # pragma: no cover
+
+
+# ---------------------------------------------------------------------------------- manifest
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)) and math.isfinite(value)
+
+
+class _Checker:
+    """Checks one manifest, raising :class:`DamagedIndexError` with the key path and the value."""
+
+    def __init__(self, path: Path, storage_dir: Path) -> None:
+        self.path = path
+        self.storage_dir = storage_dir
+
+    def bad(self, key: str, value: Any, expected: str) -> DamagedIndexError:
+        return DamagedIndexError(self.path, f"key {key!r} holds {_short(value)}, expected {expected}", self.storage_dir)
+
+    def require(self, data: Mapping[str, Any], key: str, prefix: str = "") -> Any:
+        if key not in data:
+            raise DamagedIndexError(self.path, f"key {prefix + key!r} is missing", self.storage_dir)
+        return data[key]
+
+    def int_(self, value: Any, key: str, minimum: int, maximum: Optional[int] = None) -> int:
+        if not _is_int(value) or value < minimum or (maximum is not None and value > maximum):
+            raise self.bad(key, value, f"an integer >= {minimum}" + (f" and <= {maximum}" if maximum is not None else ""))
+        return value
+
+    def number(self, value: Any, key: str, low: float, high: float = math.inf, low_open: bool = False) -> float:
+        ok = _is_number(value) and (value > low if low_open else value >= low) and value <= high
+        if not ok:
+            bound = f"> {low:g}" if low_open else f">= {low:g}"
+            if high != math.inf:
+                bound += f" and <= {high:g}"
+            raise self.bad(key, value, f"a finite number {bound}")
+        return float(value)
+
+    def str_(self, value: Any, key: str, optional: bool = False, non_empty: bool = False) -> Optional[str]:
+        if value is None and optional:
+            return None
+        if not isinstance(value, str) or (non_empty and not value):
+            raise self.bad(key, value, ("a non-empty string" if non_empty else "a string") + (" or null" if optional else ""))
+        return value
+
+    def dict_(self, value: Any, key: str) -> Dict[str, Any]:
+        if not isinstance(value, dict):
+            raise self.bad(key, value, "a JSON object")
+        return value
+
+
+def check_generation(value: Any) -> int:
+    """``value`` if it is a generation number (an int >= 0, not a bool); else a ValueError."""
+    if not _is_int(value) or value < 0 or value > MAX_GENERATION:
+        raise ValueError(f"a generation is an integer from 0 to {MAX_GENERATION}, got {_short(value)}")
+    return value
+
+
+def validate_manifest(config: Any, path: Path | str, format_version: int, storage_dir: Optional[Path | str] = None) -> Dict[str, Any]:
+    """``config`` (the parsed ``index.json``) after checking every value ``HybridIndex`` uses.
+
+    A format version other than ``format_version`` is a ``ValueError`` (a newer or older
+    layout); anything else wrong (a missing key, a wrong type, an out-of-range number, an unsafe
+    collection name, a journal that does not follow the committed generation) is a
+    :class:`DamagedIndexError` naming ``path``, the key and the value. Unknown keys are kept.
+    """
+    path = Path(path)
+    storage = Path(storage_dir) if storage_dir is not None else path.parent
+    check = _Checker(path, storage)
+    if not isinstance(config, dict):
+        raise DamagedIndexError(path, f"holds {_short(config)}, not a JSON object", storage)
+    version = config.get("format_version")
+    if not _is_int(version) or version != format_version:
+        raise ValueError(f"{path}: format_version {version!r}; this version reads {format_version}")
+
+    gen = check.int_(check.require(config, "generation"), "generation", 0, MAX_GENERATION - 1)
+    check.str_(check.require(config, "embed_model"), "embed_model", non_empty=True)
+    if "embed_model_class" in config:
+        check.str_(config["embed_model_class"], "embed_model_class", optional=True)
+    dim = check.require(config, "embed_dim")
+    if dim is not None:
+        check.int_(dim, "embed_dim", 1)
+    parser = check.dict_(check.require(config, "node_parser"), "node_parser")
+    check.str_(check.require(parser, "class_name", "node_parser."), "node_parser.class_name", non_empty=True)
+    bm25 = check.dict_(check.require(config, "bm25"), "bm25")
+    check.number(check.require(bm25, "k1", "bm25."), "bm25.k1", 0.0)
+    check.number(check.require(bm25, "b", "bm25."), "bm25.b", 0.0, 1.0)
+    check.str_(check.require(bm25, "method", "bm25."), "bm25.method", non_empty=True)
+    avgdl = check.require(bm25, "avgdl", "bm25.")
+    if avgdl is not None:
+        check.number(avgdl, "bm25.avgdl", 0.0, low_open=True)
+    check.dict_(check.require(config, "bm25_tokenizer"), "bm25_tokenizer")
+    check.str_(check.require(config, "qdrant_url"), "qdrant_url", optional=True)
+    collection = check.require(config, "collection")
+    if not isinstance(collection, str) or not SAFE_NAME.fullmatch(collection):
+        raise check.bad("collection", collection, "a name of letters, digits, '_' and '-' (at most 128)")
+    check.int_(check.require(config, "embed_batch_size"), "embed_batch_size", 1)
+
+    pending = check.require(config, "pending")
+    if pending is not None:
+        check.dict_(pending, "pending")
+        nxt = check.require(pending, "generation", "pending.")
+        if not _is_int(nxt) or nxt != gen + 1:
+            raise check.bad("pending.generation", nxt, f"{gen + 1} (the committed generation {gen} + 1)")
+        touched = check.require(pending, "touched_ids", "pending.")
+        if not isinstance(touched, list) or not all(isinstance(i, str) for i in touched):
+            raise check.bad("pending.touched_ids", touched, "a list of node id strings")
+
+    record = config.get("integrity")
+    if record is not None:
+        check.dict_(record, "integrity")
+        rgen = check.require(record, "generation", "integrity.")
+        if not _is_int(rgen) or rgen != gen:
+            raise check.bad("integrity.generation", rgen, f"{gen} (the committed generation)")
+        files = check.dict_(check.require(record, "files", "integrity."), "integrity.files")
+        for name, digest in files.items():
+            if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
+                raise check.bad(f"integrity.files[{name!r}]", digest, "a sha256 hex digest")
+        check.int_(check.require(record, "chunks", "integrity."), "integrity.chunks", 0)
+    return config
+
+
+def read_manifest(path: Path | str, format_version: int, storage_dir: Optional[Path | str] = None) -> Dict[str, Any]:
+    """Parse and validate ``index.json`` (see :func:`validate_manifest`)."""
+    path = Path(path)
+    storage = Path(storage_dir) if storage_dir is not None else path.parent
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DamagedIndexError(path, f"is not valid JSON ({exc})", storage) from None
+    return validate_manifest(config, path, format_version, storage)
+
+
+# ---------------------------------------------------------------------------------- layout
+
+
+def bm25_dir(storage_dir: Path, generation: Any) -> Path:
+    """``storage_dir/bm25/gen-N`` for a validated generation number."""
+    return Path(storage_dir) / "bm25" / f"gen-{check_generation(generation)}"
+
+
+def docstore_file(storage_dir: Path, generation: Any) -> Path:
+    """``storage_dir/docstore/gen-N.json`` for a validated generation number."""
+    return Path(storage_dir) / "docstore" / f"gen-{check_generation(generation)}.json"
+
+
+def generation_paths(storage_dir: Path) -> Dict[int, List[Path]]:
+    """Every generation's files and folders found in ``storage_dir`` (by listing, never by name)."""
+    found: Dict[int, List[Path]] = {}
+    storage_dir = Path(storage_dir)
+    for folder, pattern in ((storage_dir / "bm25", _GEN_DIR), (storage_dir / "docstore", _GEN_FILE)):
+        if not folder.is_dir():
+            continue
+        for entry in folder.iterdir():
+            match = pattern.fullmatch(entry.name)
+            if match:
+                found.setdefault(int(match.group(1)), []).append(entry)
+    return found
+
+
+def remove_path(path: Path) -> None:
+    """Delete a file or a folder (not following symlinks); missing is fine."""
+    if path.is_symlink() or path.is_file():
+        path.unlink(missing_ok=True)
+    elif path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def building_dir(storage_dir: Path | str) -> Path:
+    """The sibling folder a new index is built in before it is renamed to ``storage_dir``."""
+    storage_dir = Path(storage_dir)
+    return storage_dir.parent / f".{storage_dir.name}.building"
+
+
+def replaced_dir(storage_dir: Path | str) -> Path:
+    """The sibling folder a replaced index is moved to until the new one is in place."""
+    storage_dir = Path(storage_dir)
+    return storage_dir.parent / f".{storage_dir.name}.replaced"
+
+
+def clear_build_folder(build: Path, keep_prefix: str) -> bool:
+    """Delete everything in ``build`` but the write lock and the files whose name starts with
+    ``keep_prefix``; returns whether any of those were kept."""
+    kept = False
+    for entry in Path(build).iterdir():
+        if entry.name == WRITE_LOCK:
+            continue
+        if entry.name.startswith(keep_prefix) and entry.is_file() and not entry.is_symlink():
+            kept = kept or entry.name == keep_prefix
+            continue
+        remove_path(entry)
+    return kept
+
+
+def publish_folder(build: Path, target: Path) -> None:
+    """Move the complete folder ``build`` to ``target``.
+
+    * no ``target``: one rename;
+    * ``target`` is an index folder (or empty): it is renamed to :func:`replaced_dir` first, then
+      ``build`` takes its place (the caller deletes the replaced folder afterwards). A crash
+      between the two renames leaves both complete folders as siblings, ``target`` absent;
+    * ``target`` is a folder with other files and no index: ``build``'s entries move in, with
+      ``index.json`` last, so the folder is never an index until it is a complete one (entries of
+      the same name as one of the index's are moved to :func:`replaced_dir`).
+    """
+    build, target = Path(build), Path(target)
+    parent = target.parent
+    trash = replaced_dir(target)
+    if not target.exists() and not target.is_symlink():
+        os.rename(build, target)
+        fsync_dir(parent)
+        return
+    remove_path(trash)
+    if (target / MANIFEST).exists() or not any(target.iterdir()):
+        os.rename(target, trash)
+        fsync_dir(parent)
+        os.rename(build, target)
+        fsync_dir(parent)
+        return
+    trash.mkdir()
+    entries = sorted(e for e in build.iterdir() if e.name not in (MANIFEST, WRITE_LOCK))
+    for entry in entries:
+        dest = target / entry.name
+        if dest.exists() or dest.is_symlink():
+            os.rename(dest, trash / entry.name)
+        os.rename(entry, dest)
+    fsync_dir(target)
+    os.rename(build / MANIFEST, target / MANIFEST)
+    fsync_dir(target)
+    remove_path(build)
+    fsync_dir(parent)
+
+
+# ---------------------------------------------------------------------------------- checksums
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(_HASH_CHUNK), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def generation_files(storage_dir: Path, generation: int) -> Dict[str, Path]:
+    """The files of one generation, by path relative to ``storage_dir`` (``/``-separated)."""
+    storage_dir = Path(storage_dir)
+    out: Dict[str, Path] = {}
+    folder = bm25_dir(storage_dir, generation)
+    if folder.is_dir():
+        for root, dirs, files in os.walk(folder):
+            dirs.sort()
+            for name in sorted(files):
+                path = Path(root) / name
+                out[path.relative_to(storage_dir).as_posix()] = path
+    doc = docstore_file(storage_dir, generation)
+    if doc.is_file():
+        out[doc.relative_to(storage_dir).as_posix()] = doc
+    return out
+
+
+def generation_record(storage_dir: Path, generation: int, chunks: int) -> Dict[str, Any]:
+    """What :func:`verify_generation` checks later: each file's sha256 and the number of chunks
+    (leaf nodes: BM25 documents and Qdrant points)."""
+    files = {name: sha256_file(path) for name, path in generation_files(storage_dir, generation).items()}
+    return {"generation": check_generation(generation), "files": files, "chunks": int(chunks)}
+
+
+def verify_generation(storage_dir: Path, generation: int, record: Optional[Mapping[str, Any]], manifest: Path) -> bool:
+    """Check the files of ``generation`` against the manifest's record (:func:`generation_record`).
+
+    Returns False when there is no record (a folder written before checksums: unverified), True
+    when every recorded file is present and unchanged; otherwise raises :class:`DamagedIndexError`
+    naming the file. The recorded names are only compared, never opened.
+    """
+    storage_dir = Path(storage_dir)
+    expected = [bm25_dir(storage_dir, generation), docstore_file(storage_dir, generation)]
+    missing = [p for p in expected if not p.exists()]
+    if missing:
+        raise DamagedIndexError(
+            missing[0], f"is missing (generation {generation} is the one {manifest.name} commits)", storage_dir
+        )
+    if record is None:
+        return False
+    actual = generation_files(storage_dir, generation)
+    for name, digest in sorted(record["files"].items()):
+        path = actual.get(name)
+        if path is None:
+            raise DamagedIndexError(storage_dir / name, "is missing", storage_dir)
+        if sha256_file(path) != digest:
+            raise DamagedIndexError(path, f"changed since generation {generation} was written (sha256 differs)", storage_dir)
+    return True
+
+
+# ---------------------------------------------------------------------------------- durability
+
+
+def fsync_file(path: Path | str) -> None:
+    """Flush a file's data to disk."""
+    fd = os.open(str(path), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: Path | str) -> None:
+    """Flush a directory's entries (after a create, rename or delete in it); a no-op where the
+    platform cannot open directories (Windows) or fsync them."""
+    if os.name == "nt":
+        return
+    try:
+        fd = os.open(str(path), os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError as exc:  # EINVAL/ENOTSUP on file systems that do not support it
+        logger.debug("fsync of directory %s: %s", path, exc)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(path: Path | str) -> None:
+    """fsync every file under ``path`` (or ``path`` itself), then the folders, deepest first."""
+    path = Path(path)
+    if path.is_file():
+        fsync_file(path)
+        fsync_dir(path.parent)
+        return
+    folders: List[str] = []
+    for root, _dirs, files in os.walk(path):
+        folders.append(root)
+        for name in files:
+            fsync_file(os.path.join(root, name))
+    for root in reversed(folders):
+        fsync_dir(root)
+    fsync_dir(path.parent)
+
+
+def write_json_atomic(path: Path | str, data: Any) -> None:
+    """Replace ``path`` with ``data`` as JSON in one rename: the file and its directory entry are
+    fsynced, and a failed write leaves the old file and no temporary file."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=2)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+# ---------------------------------------------------------------------------------- locks
+
+try:  # POSIX
+    import fcntl as _fcntl
+except ImportError:  # pragma: no cover - Windows
+    _fcntl = None  # type: ignore[assignment]
+try:  # Windows
+    import msvcrt as _msvcrt  # type: ignore[import-not-found]
+except ImportError:
+    _msvcrt = None  # type: ignore[assignment]
+
+_warned_no_locking = False
+
+
+class FileLock:
+    """An exclusive lock on a file, between processes (and between open handles of one process).
+
+    ``fcntl.flock`` on POSIX, ``msvcrt.locking`` on Windows; elsewhere a warning, once, that other
+    processes are not excluded. The lock is released when the holder closes it or exits.
+    """
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self._fh: Any = None
+
+    @property
+    def held(self) -> bool:
+        return self._fh is not None
+
+    def acquire(self, timeout: Optional[float] = DEFAULT_LOCK_TIMEOUT) -> None:
+        """Take the lock, waiting up to ``timeout`` seconds (None: forever; 0: one try);
+        :class:`IndexWriteLockedError` when it stays taken."""
+        if self._fh is not None:
+            raise RuntimeError(f"{self.path} is already locked by this FileLock")
+        # O_NOFOLLOW: a lock file planted as a symlink must not make us create files elsewhere.
+        fd = os.open(str(self.path), os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        fh = os.fdopen(fd, "r+b")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = 0.01
+        try:
+            while not self._try(fh):
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise IndexWriteLockedError(self.path, timeout)
+                time.sleep(delay if deadline is None else max(0.0, min(delay, deadline - time.monotonic())))
+                delay = min(delay * 2, 0.25)
+        except BaseException:
+            fh.close()
+            raise
+        self._fh = fh
+
+    def _try(self, fh: Any) -> bool:
+        global _warned_no_locking
+        if _fcntl is not None:
+            try:
+                _fcntl.flock(fh.fileno(), _fcntl.LOCK_EX | _fcntl.LOCK_NB)
+                return True
+            except BlockingIOError:
+                return False
+        if _msvcrt is not None:  # pragma: no cover - Windows
+            try:
+                fh.seek(0)
+                _msvcrt.locking(fh.fileno(), _msvcrt.LK_NBLCK, 1)
+                return True
+            except OSError:
+                return False
+        if not _warned_no_locking:  # pragma: no cover
+            _warned_no_locking = True
+            logger.warning("no file locking on this platform: writers in other processes are not excluded")
+        return True
+
+    def release(self) -> None:
+        fh, self._fh = self._fh, None
+        if fh is None:
+            return
+        try:
+            if _fcntl is not None:
+                _fcntl.flock(fh.fileno(), _fcntl.LOCK_UN)
+            elif _msvcrt is not None:  # pragma: no cover - Windows
+                fh.seek(0)
+                _msvcrt.locking(fh.fileno(), _msvcrt.LK_UNLCK, 1)
+        finally:
+            fh.close()
+
+
+class WriteGuard:
+    """One writer at a time on a storage folder: a re-entrant lock for the threads of this
+    process, and the folder's :class:`FileLock` for other processes (taken by the outermost
+    :meth:`hold` and released with it). Threads wait for each other without a limit; another
+    process's write is waited for up to ``timeout`` seconds (None: :data:`DEFAULT_LOCK_TIMEOUT`
+    as it is when the lock is taken; ``math.inf``: no limit; 0: no wait), then
+    :class:`IndexWriteLockedError`."""
+
+    def __init__(self, lock_path: Path | str, timeout: Optional[float] = None) -> None:
+        self.timeout = timeout
+        self._thread_lock = threading.RLock()
+        self._file_lock = FileLock(lock_path)
+        self._depth = 0
+
+    @property
+    def lock_path(self) -> Path:
+        return self._file_lock.path
+
+    def retarget(self, lock_path: Path | str) -> None:
+        """Use another lock file (the folder moved); only while no one holds the guard."""
+        with self._thread_lock:
+            if self._depth:
+                raise RuntimeError("cannot move a held write guard")
+            self._file_lock = FileLock(lock_path)
+
+    @contextmanager
+    def hold(self, timeout: Optional[float] = None) -> Iterator[None]:
+        """Hold both locks for the ``with`` block (re-entrant in the same thread); ``timeout``
+        overrides the guard's own for this call."""
+        with self._thread_lock:
+            if self._depth == 0:
+                timeout = timeout if timeout is not None else self.timeout
+                timeout = DEFAULT_LOCK_TIMEOUT if timeout is None else timeout
+                self._file_lock.acquire(None if timeout == math.inf else timeout)
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+                if self._depth == 0:
+                    self._file_lock.release()
+
+    @contextmanager
+    def hold_local(self) -> Iterator[None]:
+        """Hold the in-process lock only (wait for this process's writers, e.g. before closing)."""
+        with self._thread_lock:
+            yield

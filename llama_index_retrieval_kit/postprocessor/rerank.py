@@ -1,0 +1,772 @@
+"""Cross-encoder reranking: :class:`CrossEncoderReranker`, a LlamaIndex node postprocessor.
+
+A cross-encoder reads the query and one passage together and gives one logit per pair; this
+module turns that logit into a probability with the logistic sigmoid, ``p = 1 / (1 + e^-logit)``
+(bge-reranker and the MS MARCO cross-encoders are trained with a binary cross-entropy head, so
+``p`` is their probability that the passage is relevant), and orders the candidates by it.
+
+Two backends load the same Hugging Face checkpoints (a local folder or a hub name):
+
+* ``flag_embedding``: ``FlagEmbedding.FlagReranker``, the library behind LlamaIndex's
+  ``FlagEmbeddingReranker`` (install with ``pip install 'llama-index-retrieval-kit[rerank]'``);
+* ``sentence_transformers``: ``sentence_transformers.CrossEncoder``, optionally with the forward
+  pass exported to ONNX Runtime (``onnx=True``; CPU only, measured in docs/reranking.md).
+
+Results are new :class:`RerankedNodeWithScore` objects: ``score`` is the probability, and the
+score and rank each candidate had before reranking (and, for fused results, every leg's score
+and rank) stay on it, so later stages (a no-answer gate, tracing) can read them. The nodes and
+``NodeWithScore`` objects a caller passes in are never changed.
+
+Cost is the problem on CPU (docs/reranking.md): candidates can be capped by count
+(``max_candidates``) and by time (``latency_budget_ms``, from a running per-pair cost
+estimate), passages are cut to what the model reads before tokenizing, and loading a model of
+more than ~100M parameters on CPU logs a warning with the CPU recommendation.
+
+Heavy imports (torch, transformers, sentence-transformers, FlagEmbedding, onnxruntime) happen
+inside methods, on first use: importing this module does not import torch.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import math
+import os
+import re
+import tempfile
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+from llama_index.core.bridge.pydantic import (
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
+from llama_index.core.callbacks import CBEventType, EventPayload
+from llama_index.core.instrumentation import get_dispatcher
+from llama_index.core.instrumentation.events.rerank import ReRankEndEvent, ReRankStartEvent
+from llama_index.core.postprocessor.types import BaseNodePostprocessor
+from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, QueryBundle
+
+from ..node_parser.metadata import SECTION_HEADER_KEY
+from ..retrievers.checks import check_positive_int, check_query_text
+from ..retrievers.fusion import FusedNodeWithScore
+
+logger = logging.getLogger(__name__)
+dispatcher = get_dispatcher(__name__)
+
+#: The design's reranker (docs/architecture.md): best quality, but ~0.8 s per pair on 2 CPU cores.
+DEFAULT_RERANK_MODEL = "BAAI/bge-reranker-large"
+#: What docs/reranking.md recommends on CPU (22.7M parameters, ~20x cheaper than bge-reranker-large).
+CPU_RECOMMENDED_MODEL = "cross-encoder/ms-marco-MiniLM-L6-v2"
+#: Above this many parameters a model on CPU gets a warning when it loads.
+LARGE_MODEL_PARAMETERS = 100_000_000
+#: Characters kept per token of ``max_length`` before tokenizing. WordPiece / SentencePiece tokens
+#: of natural text average 3-5 characters, so 16 never cuts text the model would have read.
+MAX_CHARS_PER_TOKEN = 16
+#: Weight of the newest measurement in the running per-pair cost estimate.
+COST_ESTIMATE_WEIGHT = 0.3
+#: ONNX's protobuf files hold at most 2 GB; bigger models stay on PyTorch.
+ONNX_MAX_WEIGHT_BYTES = 2_000_000_000
+INSTALL_HINT = "pip install 'llama-index-retrieval-kit[rerank]'"
+DEVICE_CHOICES = ("auto", "cpu", "cuda", "cuda:<index>", "mps")
+_DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+_ONNX_PROBES = (
+    ("What is the annual fee?", "The annual fee is $95, charged on the first statement after account opening."),
+    ("late payment", "2. Fees > 2.2 Late Payment Fee\nA late payment fee of up to $40 applies."),
+    ("How do I dispute a charge?", "Write to us within 60 days of the statement date to dispute a charge."),
+)
+
+
+class RerankBackend(str, Enum):
+    """The library that runs the cross-encoder."""
+
+    FLAG_EMBEDDING = "flag_embedding"
+    SENTENCE_TRANSFORMERS = "sentence_transformers"
+
+    @classmethod
+    def from_str(cls, value: Any) -> "RerankBackend":
+        """The backend named ``value`` (a member or its string); ValueError listing the allowed names."""
+        if isinstance(value, cls):
+            return value
+        try:
+            return cls(value)
+        except ValueError:
+            allowed = ", ".join(repr(m.value) for m in cls)
+            raise ValueError(f"unknown rerank backend {value!r}; allowed: {allowed}") from None
+
+
+class RerankedNodeWithScore(FusedNodeWithScore):
+    """A reranked result: ``score`` is the reranker's probability; what came before is kept.
+
+    ``leg_ranks`` / ``leg_scores`` are copied from a :class:`FusedNodeWithScore` input (empty for
+    other inputs), so a later stage sees the fusion legs as well as the reranker.
+    """
+
+    pre_rerank_score: Optional[float] = Field(
+        default=None, description="The score the result had before reranking (None if it had none)."
+    )
+    pre_rerank_rank: int = Field(description="Position (1 = first) of the result in the reranker's input list.")
+    rerank_logit: float = Field(description="The cross-encoder's raw logit; score = sigmoid(rerank_logit).")
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "RerankedNodeWithScore"
+
+
+@dataclass(frozen=True)
+class RerankStats:
+    """What one reranking call did (see :attr:`CrossEncoderReranker.last_stats`)."""
+
+    candidates: int  # results handed in
+    capped_to: int  # after max_candidates
+    scored: int  # pairs the model scored (fewer than capped_to when the latency budget cut)
+    returned: int
+    scoring_ms: float  # time in the model (tokenizing included), loading excluded
+    per_pair_ms: Optional[float]  # running estimate after this call
+    latency_budget_ms: Optional[float]
+
+
+# ------------------------------------------------------------------------------ pure functions
+def sigmoid(logit: float) -> float:
+    """The logistic function ``1 / (1 + e^-x)``, without overflow for large ``|x|``."""
+    if logit >= 0:
+        return 1.0 / (1.0 + math.exp(-logit))
+    z = math.exp(logit)
+    return z / (1.0 + z)
+
+
+def cap_candidates(n_candidates: int, per_pair_ms: float, budget_ms: float, minimum: int = 0) -> int:
+    """How many of ``n_candidates`` pairs fit in ``budget_ms`` at ``per_pair_ms`` each.
+
+    Never fewer than ``minimum`` (capped at ``n_candidates``) and never more than ``n_candidates``;
+    a budget already spent (<= 0) leaves only the minimum.
+    """
+    if n_candidates < 0 or minimum < 0:
+        raise ValueError(f"n_candidates and minimum must be >= 0, got {n_candidates!r} and {minimum!r}")
+    if not (per_pair_ms > 0 and math.isfinite(per_pair_ms)):
+        raise ValueError(f"per_pair_ms must be a finite number > 0, got {per_pair_ms!r}")
+    fitting = int(budget_ms // per_pair_ms) if budget_ms > 0 else 0
+    return min(n_candidates, max(minimum, fitting))
+
+
+def running_estimate(previous: Optional[float], measured: float, weight: float = COST_ESTIMATE_WEIGHT) -> float:
+    """Exponentially weighted mean: ``measured`` on the first call, then ``(1-w)*previous + w*measured``."""
+    if previous is None:
+        return measured
+    return (1.0 - weight) * previous + weight * measured
+
+
+def max_passage_chars(max_length: int) -> int:
+    """Characters of a passage worth tokenizing when the model reads ``max_length`` tokens."""
+    return max_length * MAX_CHARS_PER_TOKEN
+
+
+def passage_text(node: BaseNode, prefix_section: bool = True, max_chars: Optional[int] = None) -> str:
+    """The text the cross-encoder reads for ``node``.
+
+    The node's own text (no metadata), after its section path (``metadata["section_header"]``,
+    e.g. ``"3. Fees > 3.2 Late payment"``) and a newline when ``prefix_section`` and the node has
+    one; cut to ``max_chars`` characters so a long passage is not tokenized beyond what the model
+    reads.
+    """
+    text = node.get_content(metadata_mode=MetadataMode.NONE)
+    header = node.metadata.get(SECTION_HEADER_KEY) if prefix_section else None
+    if isinstance(header, str) and header.strip():
+        text = f"{header.strip()}\n{text}"
+    return text if max_chars is None else text[:max_chars]
+
+
+def check_device(value: Any) -> str:
+    """``value`` if it names a device this reranker can use; else a ValueError listing them."""
+    if not isinstance(value, str) or not _DEVICE_PATTERN.match(value):
+        raise ValueError(f"device {value!r} is not supported; allowed: {', '.join(DEVICE_CHOICES)}")
+    return value
+
+
+def fp16_supported(device: str) -> bool:
+    """Whether half precision runs natively on ``device`` (CUDA and Apple MPS; not CPU)."""
+    return device.startswith("cuda") or device == "mps"
+
+
+def large_model_warning(model: str, n_parameters: int, device: str) -> Optional[str]:
+    """The warning for a model of more than :data:`LARGE_MODEL_PARAMETERS` on CPU, else None."""
+    if device != "cpu" or n_parameters <= LARGE_MODEL_PARAMETERS:
+        return None
+    return (
+        f"reranker {model!r} has {n_parameters / 1e6:.0f}M parameters and runs on CPU: expect seconds per "
+        f"query (bge-reranker-large: ~8 s for 40 candidates of 256 tokens on 16 cores, ~34 s on 2). On CPU use "
+        f"a small cross-encoder ({CPU_RECOMMENDED_MODEL!r}, or bge-reranker-base with backend="
+        "'sentence_transformers', onnx=True), max_candidates=20 to 40 and latency_budget_ms; or run on a GPU. "
+        "See docs/reranking.md."
+    )
+
+
+def max_input_tokens(config: Any) -> Optional[int]:
+    """Tokens the model's position embeddings cover (RoBERTa-type models reserve pad_token_id + 1)."""
+    positions = getattr(config, "max_position_embeddings", None)
+    if not isinstance(positions, int):
+        return None
+    if "roberta" in str(getattr(config, "model_type", "")) or getattr(config, "position_embedding_type", None) == "roberta":
+        positions -= int(getattr(config, "pad_token_id", 1) or 0) + 1
+    return positions
+
+
+def resolve_device(device: str) -> str:
+    """``"auto"``: ``"cuda"`` when a CUDA GPU is visible, else ``"mps"`` when present, else ``"cpu"``."""
+    if device != "auto":
+        return device
+    import torch
+
+    if torch.cuda.is_available():
+        return "cuda"
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        return "mps"
+    return "cpu"
+
+
+def reranked_results(
+    candidates: Sequence[NodeWithScore], logits: Sequence[float], top_n: int
+) -> List[RerankedNodeWithScore]:
+    """New results for the first ``len(logits)`` candidates, best probability first, cut to ``top_n``.
+
+    Ties (equal logits) keep the input order. The new objects point at the same node objects.
+    """
+    order = sorted(range(len(logits)), key=lambda i: (-logits[i], i))[:top_n]
+    results = []
+    for i in order:
+        candidate = candidates[i]
+        results.append(
+            RerankedNodeWithScore(
+                node=candidate.node,
+                score=sigmoid(float(logits[i])),
+                rerank_logit=float(logits[i]),
+                pre_rerank_score=candidate.score,
+                pre_rerank_rank=i + 1,
+                leg_ranks=dict(getattr(candidate, "leg_ranks", None) or {}),
+                leg_scores=dict(getattr(candidate, "leg_scores", None) or {}),
+            )
+        )
+    return results
+
+
+# ------------------------------------------------------------------------------ backends
+class _SentenceTransformersScorer:
+    """``sentence_transformers.CrossEncoder`` logits, in PyTorch or (``onnx``) ONNX Runtime."""
+
+    def __init__(self, settings: "CrossEncoderReranker", device: str, fp16: bool) -> None:
+        import torch
+        from sentence_transformers import CrossEncoder
+
+        self._torch = torch
+        self.batch_size = settings.batch_size
+        self.device = device
+        self.cross_encoder = CrossEncoder(
+            settings.model,
+            device=device,
+            max_length=settings.max_length,
+            trust_remote_code=settings.trust_remote_code,
+        )
+        if fp16:
+            self.cross_encoder.half()
+        self.hf_model = self.cross_encoder.model
+        self.n_parameters = sum(p.numel() for p in self.hf_model.parameters())
+        self.engine = "torch-fp16" if fp16 else "torch"
+        self._session: Any = None
+        self._input_names: List[str] = []
+        if settings.onnx:
+            reason = None
+            try:
+                reason = self._prepare_onnx(settings)
+            except Exception as exc:  # an optional speed-up: never fail reranking for it
+                reason = f"{type(exc).__name__}: {exc}"
+            if reason:
+                logger.warning("reranker %s runs on PyTorch, not ONNX Runtime: %s", settings.model, reason)
+                self._session = None
+            else:
+                self.engine = "onnx"
+
+    def logits(self, pairs: List[Tuple[str, str]]) -> List[float]:
+        if self._session is not None:
+            return self._onnx_logits(pairs)
+        scores = self.cross_encoder.predict(
+            pairs,
+            batch_size=self.batch_size,
+            activation_fn=self._torch.nn.Identity(),
+            convert_to_numpy=True,
+            show_progress_bar=False,
+        )
+        return [float(s) for s in np.atleast_1d(scores)]
+
+    # -- ONNX Runtime path
+    def _features(self, pairs: Sequence[Tuple[str, str]]) -> Dict[str, np.ndarray]:
+        features = self.cross_encoder.preprocess(list(pairs))
+        return {name: features[name].cpu().numpy() for name in self._input_names}
+
+    def _onnx_logits(self, pairs: List[Tuple[str, str]]) -> List[float]:
+        # Longest first, as CrossEncoder.predict does, so a batch pads to similar lengths.
+        order = sorted(range(len(pairs)), key=lambda i: -len(pairs[i][0]) - len(pairs[i][1]))
+        out = np.empty(len(pairs), dtype=np.float64)
+        for start in range(0, len(order), self.batch_size):
+            batch = order[start : start + self.batch_size]
+            logits = self._session.run(None, self._features([pairs[i] for i in batch]))[0]
+            out[batch] = np.asarray(logits, dtype=np.float64).reshape(len(batch), -1)[:, 0]
+        return out.tolist()
+
+    def _prepare_onnx(self, settings: "CrossEncoderReranker") -> Optional[str]:
+        """Export (once, cached by a hash of the weights), load and check; returns why not, or None."""
+        if self.device != "cpu":
+            return f"onnx=True runs on CPU only (device is {self.device!r})"
+        weight_bytes = sum(p.numel() * p.element_size() for p in self.hf_model.parameters())
+        if weight_bytes > ONNX_MAX_WEIGHT_BYTES:
+            return f"its weights ({weight_bytes / 1e9:.1f} GB) exceed ONNX's 2 GB single-file limit"
+        from ..embeddings.onnx_query import default_cache_dir, import_onnxruntime, weights_fingerprint
+
+        try:
+            ort = import_onnxruntime()
+        except ImportError:
+            return "onnxruntime is not installed (pip install onnxruntime)"
+        import inspect
+
+        torch = self._torch
+        sample = self.cross_encoder.preprocess(list(_ONNX_PROBES))
+        accepted = set(inspect.signature(self.hf_model.forward).parameters)
+        self._input_names = [n for n in ("input_ids", "attention_mask", "token_type_ids") if n in sample and n in accepted]
+        key = weights_fingerprint(
+            self.hf_model,
+            extra=f"cross-encoder|{type(self.hf_model).__name__}|{torch.__version__}|{ort.__version__}|{self._input_names}|v1",
+        )
+        cache = Path(settings.onnx_cache_dir) if settings.onnx_cache_dir else default_cache_dir()
+        path = cache / "onnx" / key / "model.onnx"
+        if not path.exists():
+            logger.info("exporting reranker %s to ONNX at %s (once)", settings.model, path)
+            export_sequence_classifier(self.hf_model, self._input_names, sample, path)
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.log_severity_level = 3
+        self._session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        expected = self.cross_encoder.predict(
+            list(_ONNX_PROBES), activation_fn=torch.nn.Identity(), convert_to_numpy=True, show_progress_bar=False
+        )
+        got = np.asarray(self._onnx_logits(list(_ONNX_PROBES)))
+        worst = float(np.abs(got - np.asarray(expected, dtype=np.float64)).max())
+        if not worst <= settings.onnx_tolerance:
+            return f"ONNX logits differ from PyTorch by {worst:.2e} > onnx_tolerance={settings.onnx_tolerance}"
+        logger.debug("ONNX reranker ready for %s (max |logit diff| %.1e)", settings.model, worst)
+        return None
+
+
+def export_sequence_classifier(hf_model: Any, input_names: List[str], sample: Dict[str, Any], path: Path) -> None:
+    """Export a Hugging Face sequence classifier (inputs -> ``logits``) to ONNX at ``path`` atomically.
+
+    BERT- and RoBERTa-type models are exported with eager attention and passed through ONNX
+    Runtime's transformer optimizer (attention, embedding and layer-norm fusion), as the query
+    embedding path does (embeddings/onnx_query.py); a failed fusion keeps the plain export.
+    """
+    import torch
+
+    from ..embeddings.onnx_query import _fuse_transformer_ops
+
+    class Logits(torch.nn.Module):
+        def __init__(self, model: Any) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, *inputs: Any) -> Any:
+            return self.model(**dict(zip(input_names, inputs))).logits
+
+    config = hf_model.config
+    fuse = config.model_type in ("bert", "roberta", "xlm-roberta") and hasattr(hf_model, "set_attn_implementation")
+    previous = getattr(config, "_attn_implementation", None)
+    args = tuple(torch.as_tensor(sample[name]) for name in input_names)
+    axes: Dict[str, Dict[int, str]] = {name: {0: "batch", 1: "tokens"} for name in input_names}
+    axes["logits"] = {0: "batch"}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".onnx.tmp")
+    os.close(fd)
+    try:
+        with warnings.catch_warnings(), torch.inference_mode():
+            warnings.simplefilter("ignore")
+            if fuse:
+                hf_model.set_attn_implementation("eager")  # the pattern the optimizer fuses
+            try:
+                torch.onnx.export(
+                    Logits(hf_model).eval(),
+                    args,
+                    tmp,
+                    input_names=input_names,
+                    output_names=["logits"],
+                    dynamic_axes=axes,
+                    opset_version=17,
+                    dynamo=False,
+                )
+            finally:
+                if fuse and previous:
+                    hf_model.set_attn_implementation(previous)
+            if fuse:
+                _fuse_transformer_ops(tmp, config)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+class _FlagEmbeddingScorer:
+    """``FlagEmbedding.FlagReranker`` logits (``normalize=False``)."""
+
+    def __init__(self, settings: "CrossEncoderReranker", device: str, fp16: bool) -> None:
+        try:
+            from FlagEmbedding import FlagReranker
+        except ImportError as exc:
+            raise ImportError(
+                f"the 'flag_embedding' rerank backend needs the FlagEmbedding package: {INSTALL_HINT} "
+                f"(or use backend='sentence_transformers'). Import failed with: {exc}"
+            ) from exc
+        self.batch_size = settings.batch_size
+        self.max_length = settings.max_length
+        self.device = device
+        self.reranker = FlagReranker(
+            settings.model,
+            use_fp16=fp16,
+            devices=[device],
+            batch_size=settings.batch_size,
+            max_length=settings.max_length,
+            trust_remote_code=settings.trust_remote_code,
+            normalize=False,
+        )
+        self.hf_model = self.reranker.model
+        self.n_parameters = sum(p.numel() for p in self.hf_model.parameters())
+        self.engine = "flag-fp16" if fp16 else "flag"
+
+    def logits(self, pairs: List[Tuple[str, str]]) -> List[float]:
+        scores = self.reranker.compute_score(
+            [list(p) for p in pairs], batch_size=self.batch_size, max_length=self.max_length, normalize=False
+        )
+        if isinstance(scores, (int, float)):
+            scores = [scores]
+        return [float(s) for s in scores]
+
+
+_MODEL_FIELDS = frozenset(
+    {"model", "backend", "batch_size", "max_length", "device", "use_fp16", "onnx", "onnx_cache_dir", "onnx_tolerance", "trust_remote_code"}
+)
+
+
+# ------------------------------------------------------------------------------ the postprocessor
+class CrossEncoderReranker(BaseNodePostprocessor):
+    """Rerank retrieved nodes with a cross-encoder; ``score`` becomes its sigmoid probability.
+
+    Each candidate ``(query, passage)`` pair gets the model's logit ``z``; results carry
+    ``score = sigmoid(z) = 1 / (1 + e^-z)`` in (0, 1) (the probability of relevance of models
+    trained with binary cross-entropy, such as bge-reranker), are ordered by it (ties keep the
+    input order) and cut to ``top_n``. They are new :class:`RerankedNodeWithScore` objects with
+    ``pre_rerank_score`` / ``pre_rerank_rank`` (and a fused input's ``leg_scores`` /
+    ``leg_ranks``); the input objects and nodes are not changed.
+
+    Candidates after ``max_candidates`` are not scored and not returned; ``latency_budget_ms``
+    scores fewer when the running per-pair cost says they would not fit (never fewer than
+    ``top_n``). The model loads on first use (or :meth:`load`) and is not part of ``to_dict()``.
+    Emits LlamaIndex's ``ReRankStartEvent`` / ``ReRankEndEvent`` inside the postprocessor's span.
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, validate_assignment=True)
+
+    model: str = Field(
+        default=DEFAULT_RERANK_MODEL,
+        description="Cross-encoder: a local model folder or a Hugging Face hub name (downloaded by the backend).",
+    )
+    backend: RerankBackend = Field(
+        default=RerankBackend.FLAG_EMBEDDING,
+        description="'flag_embedding' (FlagEmbedding's FlagReranker, the [rerank] extra) or 'sentence_transformers' "
+        "(sentence-transformers' CrossEncoder).",
+    )
+    top_n: int = Field(default=5, description="Number of results returned, best first.")
+    max_candidates: Optional[int] = Field(
+        default=50,
+        description="Score only the first this many candidates (in input order); None scores all. The rest are dropped.",
+    )
+    latency_budget_ms: Optional[float] = Field(
+        default=None,
+        description="Time for scoring one query; candidates are capped to what fits, from a running per-pair cost "
+        "estimate (the first call measures it on the first top_n pairs). Never fewer than top_n are scored. None: no cap.",
+    )
+    batch_size: int = Field(default=32, description="Pairs per forward pass.")
+    max_length: int = Field(
+        default=512,
+        description="Tokens the model reads per (query, passage) pair; longer passages are truncated "
+        "(and cut to max_length * 16 characters before tokenizing).",
+    )
+    device: str = Field(
+        default="auto", description=f"Where the model runs: one of {', '.join(DEVICE_CHOICES)} (auto: GPU when present)."
+    )
+    use_fp16: Optional[bool] = Field(
+        default=None,
+        description="Half precision: None = on where the device supports it (CUDA, MPS), True on CPU falls back to "
+        "fp32 with a warning.",
+    )
+    section_prefix: bool = Field(
+        default=True,
+        description="Prepend the chunk's section path (metadata['section_header']) and a newline to the passage.",
+    )
+    onnx: bool = Field(
+        default=False,
+        description="sentence_transformers backend on CPU: run the model in ONNX Runtime (exported once, cached, "
+        "checked against PyTorch; falls back to PyTorch with a warning).",
+    )
+    onnx_cache_dir: Optional[str] = Field(
+        default=None, description="Folder for exported ONNX models (default $RKIT_CACHE_DIR or ~/.cache/llama_index_retrieval_kit)."
+    )
+    onnx_tolerance: float = Field(default=1e-3, description="Largest |logit difference| from PyTorch for ONNX to be used.")
+    trust_remote_code: bool = Field(default=False, description="Let the model folder run its own code (custom architectures).")
+
+    _scorer: Any = PrivateAttr(default=None)
+    _load_lock: Any = PrivateAttr(default_factory=threading.Lock)
+    _per_pair_ms: Optional[float] = PrivateAttr(default=None)
+    _last_stats: Optional[RerankStats] = PrivateAttr(default=None)
+    _budget_warned: bool = PrivateAttr(default=False)
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "CrossEncoderReranker"
+
+    # -- argument checks (errors name the value and what is allowed)
+    @field_validator("model", mode="before")
+    @classmethod
+    def _check_model(cls, value: Any) -> str:
+        if not isinstance(value, str) or not value.strip():
+            raise ValueError(f"model must be a local model folder or a hub name such as {DEFAULT_RERANK_MODEL!r}, got {value!r}")
+        looks_like_path = value.startswith((".", "~", os.sep)) or (os.altsep is not None and os.altsep in value)
+        if looks_like_path and not Path(value).expanduser().is_dir():
+            raise ValueError(f"model folder {value!r} does not exist; pass a model folder or a hub name such as {DEFAULT_RERANK_MODEL!r}")
+        return str(Path(value).expanduser()) if looks_like_path else value
+
+    @field_validator("backend", mode="before")
+    @classmethod
+    def _check_backend(cls, value: Any) -> RerankBackend:
+        return RerankBackend.from_str(value)
+
+    @field_serializer("backend")
+    def _backend_name(self, backend: RerankBackend) -> str:
+        return backend.value  # to_dict() stays plain JSON; from_dict accepts the name
+
+    @field_validator("top_n", "batch_size", mode="before")
+    @classmethod
+    def _check_count(cls, value: Any, info: Any) -> int:
+        return check_positive_int(info.field_name, value)
+
+    @field_validator("max_candidates", mode="before")
+    @classmethod
+    def _check_max_candidates(cls, value: Any) -> Optional[int]:
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"max_candidates must be None (score all) or an int >= 1, got {value!r} ({type(value).__name__})")
+        return value
+
+    @field_validator("max_length", mode="before")
+    @classmethod
+    def _check_max_length(cls, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 8:
+            raise ValueError(f"max_length must be an int >= 8 (tokens per pair), got {value!r} ({type(value).__name__})")
+        return value
+
+    @field_validator("latency_budget_ms", mode="before")
+    @classmethod
+    def _check_budget(cls, value: Any) -> Optional[float]:
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"latency_budget_ms must be None (no budget) or a finite number > 0, got {value!r}")
+        return float(value)
+
+    @field_validator("device", mode="before")
+    @classmethod
+    def _check_device(cls, value: Any) -> str:
+        return check_device(value)
+
+    @field_validator("onnx_tolerance", mode="before")
+    @classmethod
+    def _check_tolerance(cls, value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"onnx_tolerance must be a finite number > 0, got {value!r}")
+        return float(value)
+
+    @model_validator(mode="after")
+    def _check_combination(self) -> "CrossEncoderReranker":
+        if self.onnx and self.backend is not RerankBackend.SENTENCE_TRANSFORMERS:
+            raise ValueError(
+                f"onnx=True needs backend='sentence_transformers', got backend={self.backend.value!r}; "
+                "allowed: onnx=False with any backend"
+            )
+        if self.backend is RerankBackend.FLAG_EMBEDDING and importlib.util.find_spec("FlagEmbedding") is None:
+            raise ImportError(
+                f"the 'flag_embedding' rerank backend needs the FlagEmbedding package: {INSTALL_HINT} "
+                "(or pass backend='sentence_transformers')"
+            )
+        return self
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if name in _MODEL_FIELDS and getattr(self, "__pydantic_private__", None) is not None:
+            self._scorer = None  # a model setting changed: load again on next use
+            self._per_pair_ms = None
+
+    # -- model
+    def load(self) -> "CrossEncoderReranker":
+        """Load the model now (otherwise it loads on first use); returns ``self``."""
+        self._ensure_scorer()
+        return self
+
+    @property
+    def is_loaded(self) -> bool:
+        return self._scorer is not None
+
+    @property
+    def resolved_device(self) -> Optional[str]:
+        """The device the loaded model runs on (None before loading)."""
+        return None if self._scorer is None else self._scorer.device
+
+    @property
+    def engine(self) -> Optional[str]:
+        """What runs the model: 'flag', 'torch', 'onnx' (+ '-fp16'); None before loading."""
+        return None if self._scorer is None else self._scorer.engine
+
+    @property
+    def per_pair_ms(self) -> Optional[float]:
+        """Running estimate of the scoring cost of one pair (None before the first scoring)."""
+        return self._per_pair_ms
+
+    @property
+    def last_stats(self) -> Optional[RerankStats]:
+        """What the most recent call did (candidates, scored, time); shared by threads using this object."""
+        return self._last_stats
+
+    def _ensure_scorer(self) -> Any:
+        scorer = self._scorer
+        if scorer is not None:
+            return scorer
+        with self._load_lock:
+            if self._scorer is None:
+                self._scorer = self._load_scorer()
+            return self._scorer
+
+    def _load_scorer(self) -> Any:
+        from transformers import AutoConfig
+
+        device = resolve_device(self.device)
+        config = AutoConfig.from_pretrained(self.model, trust_remote_code=self.trust_remote_code)
+        limit = max_input_tokens(config)
+        if limit is not None and self.max_length > limit:
+            raise ValueError(f"max_length={self.max_length} is more than {self.model!r} reads; allowed: 8 to {limit} tokens")
+        if getattr(config, "num_labels", 1) != 1:
+            raise ValueError(
+                f"{self.model!r} has num_labels={config.num_labels}; a reranker needs a one-logit cross-encoder (num_labels=1)"
+            )
+        fp16 = fp16_supported(device) if self.use_fp16 is None else self.use_fp16
+        if fp16 and not fp16_supported(device):
+            logger.warning("use_fp16=True is ignored on %s (no native half precision there): running fp32", device)
+            fp16 = False
+        started = time.perf_counter()
+        if self.backend is RerankBackend.FLAG_EMBEDDING:
+            scorer: Any = _FlagEmbeddingScorer(self, device, fp16)
+        else:
+            scorer = _SentenceTransformersScorer(self, device, fp16)
+        logger.info(
+            "reranker %s loaded in %.1f s (%s, %s, %.0fM parameters)",
+            self.model, time.perf_counter() - started, device, scorer.engine, scorer.n_parameters / 1e6,
+        )
+        message = large_model_warning(self.model, scorer.n_parameters, device)
+        if message:
+            logger.warning(message)
+        return scorer
+
+    # -- reranking
+    def _postprocess_nodes(
+        self, nodes: List[NodeWithScore], query_bundle: Optional[QueryBundle] = None
+    ) -> List[NodeWithScore]:
+        if query_bundle is None:
+            raise ValueError("CrossEncoderReranker needs the query: pass query_bundle or query_str")
+        query = check_query_text(query_bundle.query_str, "QueryBundle.query_str")
+        for i, result in enumerate(nodes):
+            if not isinstance(result, NodeWithScore):
+                raise ValueError(f"nodes[{i}] is {type(result).__name__}; expected NodeWithScore objects")
+        dispatcher.event(ReRankStartEvent(query=query_bundle, nodes=nodes, top_n=self.top_n, model_name=self.model))
+        with self.callback_manager.event(
+            CBEventType.RERANKING,
+            payload={
+                EventPayload.NODES: nodes,
+                EventPayload.MODEL_NAME: self.model,
+                EventPayload.QUERY_STR: query,
+                EventPayload.TOP_K: self.top_n,
+            },
+        ) as event:
+            results: List[NodeWithScore] = list(self._rerank(query, list(nodes)))
+            event.on_end(payload={EventPayload.NODES: results})
+        dispatcher.event(ReRankEndEvent(nodes=results))
+        return results
+
+    def _rerank(self, query: str, nodes: List[NodeWithScore]) -> List[RerankedNodeWithScore]:
+        if not nodes:
+            self._last_stats = RerankStats(0, 0, 0, 0, 0.0, self._per_pair_ms, self.latency_budget_ms)
+            return []
+        scorer = self._ensure_scorer()
+        pool = nodes if self.max_candidates is None else nodes[: self.max_candidates]
+        max_chars = max_passage_chars(self.max_length)
+        pairs = [(query, passage_text(n.node, self.section_prefix, max_chars)) for n in pool]
+        logits, scoring_ms = self._score_within_budget(scorer, pairs)
+        results = reranked_results(pool, logits, self.top_n)
+        self._last_stats = RerankStats(
+            candidates=len(nodes),
+            capped_to=len(pool),
+            scored=len(logits),
+            returned=len(results),
+            scoring_ms=scoring_ms,
+            per_pair_ms=self._per_pair_ms,
+            latency_budget_ms=self.latency_budget_ms,
+        )
+        if len(logits) < len(pool):
+            logger.debug("latency budget %.0f ms: scored %d of %d candidates", self.latency_budget_ms, len(logits), len(pool))
+        return results
+
+    def _score_within_budget(self, scorer: Any, pairs: List[Tuple[str, str]]) -> Tuple[List[float], float]:
+        """Logits of the first pairs that fit the latency budget (all pairs without one), and the time taken."""
+        logits: List[float] = []
+        started = time.perf_counter()
+
+        def score(chunk: List[Tuple[str, str]]) -> None:
+            chunk_start = time.perf_counter()
+            out = scorer.logits(chunk)
+            if len(out) != len(chunk):
+                raise RuntimeError(f"the {self.backend.value} backend returned {len(out)} scores for {len(chunk)} pairs")
+            self._per_pair_ms = running_estimate(self._per_pair_ms, (time.perf_counter() - chunk_start) * 1000 / len(chunk))
+            logits.extend(out)
+
+        budget = self.latency_budget_ms
+        if budget is None:
+            score(pairs)
+        else:
+            floor = min(self.top_n, len(pairs))
+            if self._per_pair_ms is None:  # no estimate yet: measure on the pairs that are scored anyway
+                score(pairs[:floor])
+            spent = (time.perf_counter() - started) * 1000
+            assert self._per_pair_ms is not None
+            if not self._budget_warned and floor * self._per_pair_ms > budget:
+                self._budget_warned = True
+                logger.warning(
+                    "latency_budget_ms=%.0f is below the cost of top_n=%d pairs (~%.0f ms each with %s): scoring %d anyway",
+                    budget, self.top_n, self._per_pair_ms, self.model, floor,
+                )
+            more = cap_candidates(len(pairs) - len(logits), self._per_pair_ms, budget - spent, minimum=max(0, floor - len(logits)))
+            if more:
+                score(pairs[len(logits) : len(logits) + more])
+        return logits, (time.perf_counter() - started) * 1000
