@@ -74,6 +74,7 @@ def _pack(results: Sequence[NodeWithScore]) -> List[Dict[str, Any]]:
         {
             "id": r.node.node_id,
             "doc": C.node_doc_id(r.node),
+            "text": r.node.get_content(),
             "score": r.score,
             "ranks": getattr(r, "leg_ranks", None),
             "scores": getattr(r, "leg_scores", None),
@@ -85,7 +86,7 @@ def _pack(results: Sequence[NodeWithScore]) -> List[Dict[str, Any]]:
 def _unpack(rows: Sequence[Dict[str, Any]]) -> List[NodeWithScore]:
     out: List[NodeWithScore] = []
     for row in rows:
-        node = TextNode(id_=row["id"], text="", metadata={"doc_id": row["doc"]})
+        node = TextNode(id_=row["id"], text=row.get("text", ""), metadata={"doc_id": row["doc"]})
         if row["ranks"] is None:
             out.append(NodeWithScore(node=node, score=row["score"]))
         else:

@@ -65,18 +65,40 @@ class FeatureSet(str, Enum):
 
 
 # ------------------------------------------------------------------------------ features
+#: Words too common to say whether a passage is about the question (for ``coverage_max3``).
+STOPWORDS = frozenset(
+    "the a an of in on and or to for with by is are was were be been what which who whom how does do did that "
+    "this these those from as at it its their there than then into can may might not no my your our i you we "
+    "they he she when where why will would should could has have had about".split()
+)
+
+
 def _query_terms(query_str: str) -> int:
     return max(1, len(set(re.findall(r"\w+", query_str.lower()))))
 
 
-def _leg_values(nodes: Sequence[NodeWithScore], leg: str) -> List[Tuple[float, int, str]]:
-    """(score, rank, node id) of every result the leg returned, best first."""
+def content_words(text: str) -> set:
+    """Lower-cased words of 3+ characters that are not stopwords."""
+    return {w for w in re.findall(r"\w+", text.lower()) if len(w) > 2 and w not in STOPWORDS}
+
+
+def _doc_level(values: Sequence[Tuple[float, int, str, str]]) -> List[float]:
+    """Best score per document, best first (chunks of one document count once)."""
+    best: Dict[str, float] = {}
+    for score, _, _, doc in values:
+        best.setdefault(doc, score)
+    return list(best.values())
+
+
+def _leg_values(nodes: Sequence[NodeWithScore], leg: str) -> List[Tuple[float, int, str, str]]:
+    """(score, rank, node id, document id) of every result the leg returned, best first."""
     out = []
     for n in nodes:
         scores = getattr(n, "leg_scores", None) or {}
         ranks = getattr(n, "leg_ranks", None) or {}
         if scores.get(leg) is not None and leg in ranks:
-            out.append((float(scores[leg]), int(ranks[leg]), n.node.node_id))
+            doc = (n.node.metadata or {}).get("doc_id") or n.node.ref_doc_id or n.node.node_id
+            out.append((float(scores[leg]), int(ranks[leg]), n.node.node_id, str(doc)))
     out.sort(key=lambda t: t[1])
     return out
 
@@ -120,6 +142,10 @@ def feature_names(feature_set: FeatureSet) -> List[str]:
         "agreement",
         "overlap10",
         "dense_of_bm25_top1",
+        "dense_docmargin",
+        "dense_docgap3",
+        "bm25_docgap3",
+        "coverage_max3",
     ]
     if feature_set is FeatureSet.LEGS:
         return legs
@@ -132,9 +158,13 @@ def retrieval_features(nodes: Sequence[NodeWithScore], query_str: str, feature_s
     """The features of one query's results (see :func:`feature_names`).
 
     Per leg: top-1 score, top-1 minus top-2, top-1 minus top-5 (over the results that leg
-    returned, ordered by its rank); BM25 top-1 per distinct query term (BM25 grows with query
-    length); ``agreement`` 1 when both legs rank the same chunk first; ``overlap10`` the share of
-    the legs' top-10 they have in common; ``dense_of_bm25_top1`` the dense score of BM25's best.
+    returned, ordered by its rank), and the same gaps between documents (a document's best
+    chunk; ``docmargin``, ``docgap3``): an answer document stands out from the next documents,
+    not only from its own other chunks; BM25 top-1 per distinct query term (BM25 grows with
+    query length); ``agreement`` 1 when both legs rank the same chunk first; ``overlap10`` the
+    share of the legs' top-10 they have in common; ``dense_of_bm25_top1`` the dense score of
+    BM25's best; ``coverage_max3`` the largest share of the question's content words found in one
+    of the first three results.
     """
     feats: Dict[str, float] = {}
     if feature_set is FeatureSet.SCORE:
@@ -157,6 +187,15 @@ def retrieval_features(nodes: Sequence[NodeWithScore], query_str: str, feature_s
     dense_by_id = {v[2]: v[0] for v in per_leg["dense"]}
     dense_floor = min(dense_by_id.values()) if dense_by_id else 0.0
     feats["dense_of_bm25_top1"] = dense_by_id.get(bm25_first, dense_floor) if bm25_first else dense_floor
+    for leg, names in (("dense", ("docmargin", "docgap3")), ("bm25", ("docgap3",))):
+        docs = _doc_level(per_leg[leg])
+        if "docmargin" in names:
+            feats[f"{leg}_docmargin"] = docs[0] - docs[1] if len(docs) > 1 else 0.0
+        feats[f"{leg}_docgap3"] = docs[0] - docs[min(2, len(docs) - 1)] if docs else 0.0
+    words = content_words(query_str)
+    feats["coverage_max3"] = (
+        max((len(words & content_words(n.node.get_content())) / len(words) for n in nodes[:3]), default=0.0) if words else 0.0
+    )
     return feats
 
 
@@ -412,7 +451,7 @@ class NoAnswerPostprocessor(BaseNodePostprocessor):
         answerable: Sequence[Tuple[str, Sequence[NodeWithScore]]],
         unanswerable: Sequence[Tuple[str, Sequence[NodeWithScore]]],
         target_answerable_recall: float = 0.95,
-        l2: float = 1.0,
+        l2: float = 10.0,
         **kwargs: Any,
     ) -> "NoAnswerPostprocessor":
         """Fit the probability model and the threshold that keeps ``target_answerable_recall``.

@@ -125,6 +125,8 @@ def test_features_read_leg_scores_not_the_fused_score() -> None:
     assert feats["dense_gap5"] == pytest.approx(0.4) and feats["bm25_top1"] == 9.0
     assert feats["bm25_top1_per_term"] == pytest.approx(4.5) and feats["agreement"] == 0.0
     assert feats["dense_of_bm25_top1"] == 0.7 and feats["overlap10"] == pytest.approx(0.6)
+    assert feats["dense_docmargin"] == pytest.approx(0.1)  # every chunk is its own document here
+    assert feats["coverage_max3"] == 0.0  # "annual fee" is not in "chunk i"
     rescored = [FusedNodeWithScore(node=n.node, score=0.5, leg_ranks=n.leg_ranks, leg_scores=n.leg_scores) for n in nodes]
     assert retrieval_features(rescored, "annual fee", FeatureSet.LEGS) == feats
 
