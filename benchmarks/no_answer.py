@@ -199,6 +199,48 @@ def evaluate_dataset(folder: Path, fit_split: str) -> Tuple[List[Dict[str, Any]]
     return rows, extra
 
 
+def bundled_no_answer_report() -> List[Dict[str, Any]]:
+    """The bundled no-answer questions on the bundled documents, each judged by a gate fitted
+    without it (leave-one-out over the 38 bundled questions, hard unanswerable ones made by
+    excluding each answerable question's documents)."""
+    import tempfile
+
+    from llama_index_retrieval_kit.evaluation import load_jsonl
+    from llama_index_retrieval_kit.indices import HybridIndex
+    from llama_index_retrieval_kit.ingest import read_documents
+    from llama_index_retrieval_kit.samples import QUESTIONS_FILE, sample_files
+
+    dataset = load_jsonl(QUESTIONS_FILE)
+    docs, _ = read_documents(sample_files())
+    with tempfile.TemporaryDirectory() as tmp, HybridIndex.from_documents(docs, Path(tmp) / "index", embed_model=C.embed_model()) as index:
+        retriever = index.as_retriever("hybrid", similarity_top_k=TOP_K)
+        results = {qid: retriever.retrieve(q) for qid, q in dataset.queries.items()}
+        excluded = {}
+        for qid in dataset.answerable_ids():
+            relevant = sorted(d for d, rel in dataset.qrels.get(qid, {}).items() if rel > 0)
+            if relevant:
+                f = MetadataFilters(filters=[MetadataFilter(key="doc_id", value=relevant, operator=FilterOperator.NIN)])
+                excluded[qid] = index.as_retriever("hybrid", similarity_top_k=TOP_K, filters=f).retrieve(dataset.queries[qid])
+    answerable = [(dataset.queries[q], results[q]) for q in dataset.answerable_ids()]
+    report = []
+    for qid in dataset.no_answer_ids():
+        others = [(dataset.queries[q], results[q]) for q in dataset.no_answer_ids() if q != qid]
+        others += [(dataset.queries[q], nodes) for q, nodes in excluded.items()]
+        gate = NoAnswerPostprocessor.fit(answerable, others, target_answerable_recall=TARGET)
+        conf = gate.confidence(results[qid], dataset.queries[qid])
+        top = results[qid][0].node.metadata if results[qid] else {}
+        report.append(
+            {
+                "question": dataset.queries[qid],
+                "confidence": conf,
+                "threshold": gate.threshold,
+                "abstained": conf < gate.threshold,
+                "best candidate": f"{top.get('doc_id')} / {top.get('section_header')}",
+            }
+        )
+    return report
+
+
 def fmt(rows: List[Dict[str, Any]]) -> str:
     keys = list(rows[0])
     cells = [[f"{r[k]:.3f}" if isinstance(r[k], float) else str(r[k]) for k in keys] for r in rows]
@@ -210,7 +252,7 @@ def fmt(rows: List[Dict[str, Any]]) -> str:
 
 def main(argv: List[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dataset", type=Path, action="append", required=True, help="BEIR folder (repeatable)")
+    ap.add_argument("--dataset", type=Path, action="append", default=[], help="BEIR folder (repeatable)")
     ap.add_argument("--fit-split", default=None, help="split to fit on (default: train for scifact, dev otherwise)")
     ap.add_argument("--json", type=Path, default=None, help="write rows and fit reports here")
     args = ap.parse_args(argv)
@@ -225,6 +267,12 @@ def main(argv: List[str] | None = None) -> int:
         for q in extra["offtopic_questions"]:
             print(f"  {'abstained' if q['abstained'] else 'ANSWERED '} {q['confidence']:.3f}  {q['question'][:90]}")
         out[folder.name] = {"rows": rows, **extra}
+    bundled = bundled_no_answer_report()
+    print("\n== bundled no-answer questions on the bundled documents (gate fitted leave-one-out) ==")
+    for q in bundled:
+        verdict = "abstained" if q["abstained"] else "ANSWERED "
+        print(f"  {verdict} {q['confidence']:.3f} (threshold {q['threshold']:.3f})  {q['question'][:70]}  [best: {q['best candidate']}]")
+    out["bundled_no_answer"] = bundled
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(out, indent=2))
