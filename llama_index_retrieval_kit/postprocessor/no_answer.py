@@ -138,7 +138,6 @@ def detect_feature_set(nodes: Sequence[NodeWithScore]) -> FeatureSet:
 def feature_names(feature_set: FeatureSet) -> List[str]:
     """The features of a feature set, in model order."""
     legs = [f"{leg}_{s}" for leg in LEGS for s in ("top1", "margin", "gap5")] + [
-        "bm25_top1_per_term",
         "agreement",
         "overlap10",
         "dense_of_bm25_top1",
@@ -176,9 +175,11 @@ def retrieval_features(nodes: Sequence[NodeWithScore], query_str: str, feature_s
         feats.update(_top_stats(probs, "rerank"))
         feats["rerank_mean3"] = float(np.mean(probs[:3])) if probs else 0.0
     per_leg = {leg: _leg_values(nodes, leg) for leg in LEGS}
+    terms = _query_terms(query_str)
+    # BM25 grows with the number of query terms: per term, it compares across questions
+    per_leg["bm25"] = [(score / terms, rank, node_id, doc) for score, rank, node_id, doc in per_leg["bm25"]]
     for leg, values in per_leg.items():
         feats.update(_top_stats([v[0] for v in values], leg))
-    feats["bm25_top1_per_term"] = feats["bm25_top1"] / _query_terms(query_str)
     dense_first = per_leg["dense"][0][2] if per_leg["dense"] and per_leg["dense"][0][1] == 1 else None
     bm25_first = per_leg["bm25"][0][2] if per_leg["bm25"] and per_leg["bm25"][0][1] == 1 else None
     feats["agreement"] = float(dense_first is not None and dense_first == bm25_first)
@@ -418,6 +419,13 @@ class NoAnswerPostprocessor(BaseNodePostprocessor):
     intercept: float = Field(default=0.0, description="Logistic intercept.")
     feature_means: List[float] = Field(default_factory=list, description="Standardisation: feature means on the fit data.")
     feature_scales: List[float] = Field(default_factory=list, description="Standardisation: feature standard deviations.")
+    min_top_score: Optional[float] = Field(
+        default=None,
+        description="Out-of-range guard: below this top-1 evidence score (dense top-1 for fused results, the "
+        "score or reranker probability otherwise) the confidence is 0. Set by fit to a low quantile of the "
+        "answerable questions' scores: questions unlike anything calibrated (off-topic) never pass on the model's "
+        "extrapolation.",
+    )
     similarity_cutoff: Optional[float] = Field(
         default=None, description="Optional per-node cutoff on node.score (LlamaIndex SimilarityPostprocessor behaviour)."
     )
@@ -452,6 +460,7 @@ class NoAnswerPostprocessor(BaseNodePostprocessor):
         unanswerable: Sequence[Tuple[str, Sequence[NodeWithScore]]],
         target_answerable_recall: float = 0.95,
         l2: float = 10.0,
+        floor_quantile: float = 0.01,
         **kwargs: Any,
     ) -> "NoAnswerPostprocessor":
         """Fit the probability model and the threshold that keeps ``target_answerable_recall``.
@@ -464,6 +473,11 @@ class NoAnswerPostprocessor(BaseNodePostprocessor):
             raise ValueError(f"target_answerable_recall must be in (0, 1], got {target_answerable_recall!r}")
         if isinstance(l2, bool) or not float(l2) >= 0.0:
             raise ValueError(f"l2 must be >= 0, got {l2!r}")
+        if isinstance(floor_quantile, bool) or not 0.0 <= float(floor_quantile) < 1.0 - float(target_answerable_recall) + 1e-9:
+            raise ValueError(
+                f"floor_quantile must be in [0, 1 - target_answerable_recall] = [0, {1 - float(target_answerable_recall):.3f}], "
+                f"got {floor_quantile!r}"
+            )
         ans = _check_labelled("answerable", answerable)
         una = _check_labelled("unanswerable", unanswerable)
         if len(ans) < 2 or len(una) < 2:
@@ -487,6 +501,9 @@ class NoAnswerPostprocessor(BaseNodePostprocessor):
             feature_scales=[float(v) for v in scales],
             **kwargs,
         )
+        anchor = X[:, 0]  # the first feature is the top-1 evidence score of every feature set
+        if float(floor_quantile) > 0:
+            gate.min_top_score = float(np.quantile(anchor[: len(ans)], float(floor_quantile)))
         conf = gate._confidences(X)
         threshold = threshold_for_recall(conf[: len(ans)], float(target_answerable_recall))
         gate.threshold = threshold
@@ -553,8 +570,12 @@ class NoAnswerPostprocessor(BaseNodePostprocessor):
         return bool(self.feature_names)
 
     def _confidences(self, X: np.ndarray) -> np.ndarray:
+        """Model probability per row, 0 where the top-1 evidence score is below ``min_top_score``."""
         z = (X - np.asarray(self.feature_means)) / np.asarray(self.feature_scales)
-        return np.asarray(sigmoid(z @ np.asarray(self.coefficients) + self.intercept), dtype=np.float64).reshape(-1)
+        conf = np.asarray(sigmoid(z @ np.asarray(self.coefficients) + self.intercept), dtype=np.float64).reshape(-1)
+        if self.min_top_score is not None:
+            conf = np.where(X[:, 0] < self.min_top_score, 0.0, conf)
+        return conf
 
     def confidence(self, nodes: Sequence[NodeWithScore], query_str: str) -> float:
         """Probability in [0, 1] that the answer is among ``nodes`` (0 for no nodes)."""

@@ -122,8 +122,8 @@ def test_features_read_leg_scores_not_the_fused_score() -> None:
     nodes = _fused([0.8, 0.7, 0.6, 0.5, 0.4, 0.3], [5.0, 9.0, 1.0, 0.5, 0.2, 0.1])
     feats = retrieval_features(nodes, "annual fee", FeatureSet.LEGS)
     assert feats["dense_top1"] == 0.8 and feats["dense_margin"] == pytest.approx(0.1)
-    assert feats["dense_gap5"] == pytest.approx(0.4) and feats["bm25_top1"] == 9.0
-    assert feats["bm25_top1_per_term"] == pytest.approx(4.5) and feats["agreement"] == 0.0
+    assert feats["dense_gap5"] == pytest.approx(0.4) and feats["agreement"] == 0.0
+    assert feats["bm25_top1"] == pytest.approx(4.5)  # BM25 per query term: 9.0 over "annual", "fee"
     assert feats["dense_of_bm25_top1"] == 0.7 and feats["overlap10"] == pytest.approx(0.6)
     assert feats["dense_docmargin"] == pytest.approx(0.1)  # every chunk is its own document here
     assert feats["coverage_max3"] == 0.0  # "annual fee" is not in "chunk i"
@@ -153,6 +153,20 @@ def test_similarity_cutoff_alone_is_llamaindex_behaviour() -> None:
     gate = NoAnswerPostprocessor(similarity_cutoff=0.4)
     assert [n.node.node_id for n in gate.postprocess_nodes(nodes, query_str="q")] == ["n0", "n1"]
     assert NoAnswerPostprocessor(similarity_cutoff=0.95).postprocess_nodes(nodes, query_str="q") == []
+
+
+def test_out_of_range_results_get_zero_confidence() -> None:
+    """Questions unlike every calibration question (off-topic: far lower top-1 evidence) never
+    pass on the model's extrapolation: below the answerable 1% quantile the confidence is 0."""
+    answerable, unanswerable = _constructed(200, 1, 0.15), _constructed(200, 2, -0.15)
+    gate = NoAnswerPostprocessor.fit(answerable, unanswerable, target_answerable_recall=0.9)
+    tops = sorted(nodes[0].leg_scores["dense"] for _, nodes in answerable)
+    assert tops[1] <= gate.min_top_score <= tops[3]
+    q, nodes = _constructed(1, 7, -0.4)[0]
+    assert gate.confidence(nodes, q) == 0.0 and gate.postprocess_nodes(nodes, query_str=q) == []
+    assert NoAnswerPostprocessor.fit(answerable, unanswerable, floor_quantile=0).min_top_score is None
+    with pytest.raises(ValueError, match="floor_quantile"):
+        NoAnswerPostprocessor.fit(answerable, unanswerable, target_answerable_recall=0.95, floor_quantile=0.2)
 
 
 def test_save_load_and_dict_round_trip(tmp_path: Path) -> None:
