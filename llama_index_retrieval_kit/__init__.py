@@ -8,7 +8,14 @@ the evaluation package measures it.
 from .embeddings import FastHuggingFaceEmbedding
 from .indices import DocumentIdConflictError, EmbeddingCache, HybridIndex, IndexBusyError
 from .node_parser import SectionHierarchyNodeParser, SectionWindowNodeParser
-from .postprocessor import CrossEncoderReranker, NoAnswerPostprocessor, RerankBackend, RerankedNodeWithScore
+from .postprocessor import (
+    ContextAssembler,
+    ContextOrder,
+    CrossEncoderReranker,
+    NoAnswerPostprocessor,
+    RerankBackend,
+    RerankedNodeWithScore,
+)
 from .readers import DocumentReadError, FileReadError, MarkdownReader, PagedPDFReader, TextFileReader
 from .retrievers import (
     BM25Retriever,
@@ -48,4 +55,6 @@ __all__ = [
     "CrossEncoderReranker",
     "RerankBackend",
     "RerankedNodeWithScore",
+    "ContextAssembler",
+    "ContextOrder",
 ]
