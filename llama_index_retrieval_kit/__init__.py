@@ -5,30 +5,42 @@ search (in process or inside Qdrant), ``HybridIndex`` keeps it all in one storag
 the evaluation package measures it.
 """
 
-from .embeddings import FastHuggingFaceEmbedding
-from .indices import DocumentIdConflictError, EmbeddingCache, HybridIndex, IndexBusyError
-from .node_parser import SectionHierarchyNodeParser, SectionWindowNodeParser
-from .postprocessor import (
-    ContextAssembler,
-    ContextOrder,
-    CrossEncoderReranker,
-    NoAnswerPostprocessor,
-    RerankBackend,
-    RerankedNodeWithScore,
-)
-from .readers import DocumentReadError, FileReadError, MarkdownReader, PagedPDFReader, TextFileReader
-from .retrievers import (
-    BM25Retriever,
-    BM25TokenizerConfig,
-    ExactDenseRetriever,
-    FusedNodeWithScore,
-    HybridRetriever,
-    QdrantHybridRetriever,
-    reciprocal_rank_fusion,
-    score_fusion,
-)
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ._lazy import lazy_exports
 
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "FastHuggingFaceEmbedding": ".embeddings",
+    "DocumentIdConflictError": ".indices",
+    "EmbeddingCache": ".indices",
+    "HybridIndex": ".indices",
+    "IndexBusyError": ".indices",
+    "SectionHierarchyNodeParser": ".node_parser",
+    "SectionWindowNodeParser": ".node_parser",
+    "ContextAssembler": ".postprocessor",
+    "ContextOrder": ".postprocessor",
+    "CrossEncoderReranker": ".postprocessor",
+    "NoAnswerPostprocessor": ".postprocessor",
+    "RerankBackend": ".postprocessor",
+    "RerankedNodeWithScore": ".postprocessor",
+    "DocumentReadError": ".readers",
+    "FileReadError": ".readers",
+    "MarkdownReader": ".readers",
+    "PagedPDFReader": ".readers",
+    "TextFileReader": ".readers",
+    "BM25Retriever": ".retrievers",
+    "BM25TokenizerConfig": ".retrievers",
+    "ExactDenseRetriever": ".retrievers",
+    "FusedNodeWithScore": ".retrievers",
+    "HybridRetriever": ".retrievers",
+    "QdrantHybridRetriever": ".retrievers",
+    "reciprocal_rank_fusion": ".retrievers",
+    "score_fusion": ".retrievers",
+}
 
 __all__ = [
     "PagedPDFReader",
@@ -58,3 +70,29 @@ __all__ = [
     "ContextAssembler",
     "ContextOrder",
 ]
+
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
+
+if TYPE_CHECKING:  # the real imports, for type checkers and IDEs
+    from .embeddings import FastHuggingFaceEmbedding
+    from .indices import DocumentIdConflictError, EmbeddingCache, HybridIndex, IndexBusyError
+    from .node_parser import SectionHierarchyNodeParser, SectionWindowNodeParser
+    from .postprocessor import (
+        ContextAssembler,
+        ContextOrder,
+        CrossEncoderReranker,
+        NoAnswerPostprocessor,
+        RerankBackend,
+        RerankedNodeWithScore,
+    )
+    from .readers import DocumentReadError, FileReadError, MarkdownReader, PagedPDFReader, TextFileReader
+    from .retrievers import (
+        BM25Retriever,
+        BM25TokenizerConfig,
+        ExactDenseRetriever,
+        FusedNodeWithScore,
+        HybridRetriever,
+        QdrantHybridRetriever,
+        reciprocal_rank_fusion,
+        score_fusion,
+    )

@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 from .configs import RETRIEVERS
-from .evaluate import RELEVANCE_MODES
+from .relevance import RELEVANCE_MODES
 
 logger = logging.getLogger(__name__)
 

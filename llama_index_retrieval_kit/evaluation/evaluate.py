@@ -43,12 +43,12 @@ from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
 
 from .datasets import RetrievalDataset
+from .relevance import RELEVANCE_MODES
 from .metrics import DEFAULT_KS, EvalResult, _check_ks, evaluate_run
 from .relevance import chars_at_k, coverage_at_k, doc_level_run, text_match
 
 logger = logging.getLogger(__name__)
 
-RELEVANCE_MODES: tuple[str, ...] = ("auto", "doc", "node", "text")
 #: How many ids an error or warning about unmatched reference doc ids shows.
 SHOWN_IDS = 5
 #: Extra per-query figures computed under ``relevance="text"`` (keys ``coverage@k``, ``chars@k``).

@@ -25,6 +25,10 @@ from rapidfuzz.distance import LCSseq
 
 from .metrics import Ranking, parse_ranking
 
+#: How a retrieved chunk is judged relevant: ``"doc"`` (its document id), ``"text"`` (it contains a
+#: reference passage), ``"node"`` (its node id), or ``"auto"`` (from what the dataset has).
+RELEVANCE_MODES: tuple[str, ...] = ("auto", "doc", "node", "text")
+
 logger = logging.getLogger(__name__)
 
 #: Default for :func:`coverage_at_k`: shortest shared run of characters credited anywhere.

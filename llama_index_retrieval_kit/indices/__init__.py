@@ -1,14 +1,23 @@
 """Indexes: the hybrid storage folder and the embedding cache."""
 
-from .embedding_cache import EmbeddingCache, embed_texts
-from .hybrid_index import (
-    RETRIEVER_MODES,
-    RETRIEVER_OPTIONS,
-    DocumentIdConflictError,
-    HybridIndex,
-    IndexBusyError,
-)
-from .storage import DamagedIndexError, IndexReadOnlyError, IndexWriteLockedError
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_exports
+
+_EXPORTS = {
+    "EmbeddingCache": ".embedding_cache",
+    "embed_texts": ".embedding_cache",
+    "RETRIEVER_MODES": ".hybrid_index",
+    "RETRIEVER_OPTIONS": ".hybrid_index",
+    "DocumentIdConflictError": ".hybrid_index",
+    "HybridIndex": ".hybrid_index",
+    "IndexBusyError": ".hybrid_index",
+    "DamagedIndexError": ".storage",
+    "IndexReadOnlyError": ".storage",
+    "IndexWriteLockedError": ".storage",
+}
 
 __all__ = [
     "HybridIndex",
@@ -22,3 +31,16 @@ __all__ = [
     "EmbeddingCache",
     "embed_texts",
 ]
+
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
+
+if TYPE_CHECKING:  # the real imports, for type checkers and IDEs
+    from .embedding_cache import EmbeddingCache, embed_texts
+    from .hybrid_index import (
+        RETRIEVER_MODES,
+        RETRIEVER_OPTIONS,
+        DocumentIdConflictError,
+        HybridIndex,
+        IndexBusyError,
+    )
+    from .storage import DamagedIndexError, IndexReadOnlyError, IndexWriteLockedError

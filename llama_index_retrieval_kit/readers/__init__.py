@@ -1,8 +1,20 @@
 """Readers that keep page numbers and character offsets."""
 
-from .base import DocumentReadError, FileReadError, ReadFailure
-from .pdf import PagedPDFReader
-from .text import DocumentFolderReader, MarkdownReader, TextFileReader
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_exports
+
+_EXPORTS = {
+    "DocumentReadError": ".base",
+    "FileReadError": ".base",
+    "ReadFailure": ".base",
+    "PagedPDFReader": ".pdf",
+    "DocumentFolderReader": ".text",
+    "MarkdownReader": ".text",
+    "TextFileReader": ".text",
+}
 
 __all__ = [
     "PagedPDFReader",
@@ -13,3 +25,10 @@ __all__ = [
     "FileReadError",
     "ReadFailure",
 ]
+
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
+
+if TYPE_CHECKING:  # the real imports, for type checkers and IDEs
+    from .base import DocumentReadError, FileReadError, ReadFailure
+    from .pdf import PagedPDFReader
+    from .text import DocumentFolderReader, MarkdownReader, TextFileReader

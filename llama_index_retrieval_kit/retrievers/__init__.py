@@ -1,12 +1,24 @@
 """Retrievers: BM25 keyword search (bm25s), rank/score fusion, a hybrid retriever fusing any legs,
 and Qdrant-native hybrid search."""
 
-from .bm25 import BM25Retriever, BM25TokenizerConfig
-from .exact_dense import DenseMatrix, ExactDenseRetriever
-from .filters import metadata_matches
-from .fusion import FusedNodeWithScore, reciprocal_rank_fusion, score_fusion
-from .hybrid import HybridRetriever
-from .qdrant_hybrid import QdrantHybridRetriever
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_exports
+
+_EXPORTS = {
+    "BM25Retriever": ".bm25",
+    "BM25TokenizerConfig": ".bm25",
+    "DenseMatrix": ".exact_dense",
+    "ExactDenseRetriever": ".exact_dense",
+    "metadata_matches": ".filters",
+    "FusedNodeWithScore": ".fusion",
+    "reciprocal_rank_fusion": ".fusion",
+    "score_fusion": ".fusion",
+    "HybridRetriever": ".hybrid",
+    "QdrantHybridRetriever": ".qdrant_hybrid",
+}
 
 __all__ = [
     "BM25Retriever",
@@ -20,3 +32,13 @@ __all__ = [
     "reciprocal_rank_fusion",
     "score_fusion",
 ]
+
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
+
+if TYPE_CHECKING:  # the real imports, for type checkers and IDEs
+    from .bm25 import BM25Retriever, BM25TokenizerConfig
+    from .exact_dense import DenseMatrix, ExactDenseRetriever
+    from .filters import metadata_matches
+    from .fusion import FusedNodeWithScore, reciprocal_rank_fusion, score_fusion
+    from .hybrid import HybridRetriever
+    from .qdrant_hybrid import QdrantHybridRetriever
