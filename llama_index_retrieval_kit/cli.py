@@ -276,6 +276,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")  # before any onnxruntime import (no device id under $HOME)
     args = build_parser().parse_args(argv)
+    if args.quiet:
+        os.environ["TQDM_DISABLE"] = "1"  # also the libraries' own bars (e.g. transformers' "Loading weights")
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         return int(args.func(args) or 0)
