@@ -15,6 +15,12 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "FastHuggingFaceEmbedding": ".embeddings",
+    "TraceCollector": ".tracing",
+    "QueryTrace": ".tracing",
+    "StageTrace": ".tracing",
+    "JsonlTraceWriter": ".tracing",
+    "collect_traces": ".tracing",
+    "format_trace": ".tracing",
     "DocumentIdConflictError": ".indices",
     "EmbeddingCache": ".indices",
     "HybridIndex": ".indices",
@@ -69,11 +75,18 @@ __all__ = [
     "RerankedNodeWithScore",
     "ContextAssembler",
     "ContextOrder",
+    "TraceCollector",
+    "QueryTrace",
+    "StageTrace",
+    "JsonlTraceWriter",
+    "collect_traces",
+    "format_trace",
 ]
 
 __getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
 
 if TYPE_CHECKING:  # the real imports, for type checkers and IDEs
+    from .tracing import JsonlTraceWriter, QueryTrace, StageTrace, TraceCollector, collect_traces, format_trace
     from .embeddings import FastHuggingFaceEmbedding
     from .indices import DocumentIdConflictError, EmbeddingCache, HybridIndex, IndexBusyError
     from .node_parser import SectionHierarchyNodeParser, SectionWindowNodeParser

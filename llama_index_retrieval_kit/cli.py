@@ -157,7 +157,16 @@ def cmd_query(args: argparse.Namespace) -> int:
         raise CLIError(f"{args.storage} holds no index: build one first with `rkit index FILES_OR_FOLDERS --storage {args.storage}`")
     with HybridIndex.load(args.storage) as index:
         retriever = index.as_retriever(mode=args.mode, similarity_top_k=args.top_k)
-        _print_results(retriever.retrieve(args.question))
+        if args.trace:
+            from .tracing import collect_traces, format_trace
+
+            with collect_traces() as collector:
+                results = retriever.retrieve(args.question)
+            _print_results(results)
+            for trace in collector.traces:
+                _out("\n" + format_trace(trace))
+        else:
+            _print_results(retriever.retrieve(args.question))
     return 0
 
 
@@ -260,7 +269,10 @@ def build_parser() -> argparse.ArgumentParser:
     qry.add_argument("question")
     qry.add_argument("--storage", required=True)
     qry.add_argument("--mode", choices=["hybrid", "hybrid_score", "hybrid_rrf", "dense", "sparse", "qdrant_hybrid"], default="hybrid")
-    qry.add_argument("-k", "--top-k", type=int, default=5)
+    qry.add_argument("-k", "--top-k", type=int, default=5, help="number of chunks to show (default: %(default)s)")
+    qry.add_argument(
+        "--trace", action="store_true", help="print what each stage returned and dropped, and why (a table per stage)"
+    )
     qry.set_defaults(func=cmd_query)
 
     from .evaluation.cli_eval import add_eval_subparser

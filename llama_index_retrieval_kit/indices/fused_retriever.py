@@ -31,6 +31,7 @@ from ..retrievers.fusion import (
     fuse_checked_positions,
 )
 from ..retrievers.node_copy import copy_node
+from ..tracing import NO_LAPS, Laps, trace_index_fusion, tracing_enabled
 
 logger = logging.getLogger(__name__)
 
@@ -92,13 +93,17 @@ class FusedIndexRetriever(CheckedQueryMixin, BaseRetriever):
         return self._similarity_top_k
 
     def _retrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
+        laps = Laps() if tracing_enabled() else NO_LAPS
         snapshot = self._bm25._shared.snapshot
         matrix = self._dense_matrix(snapshot)
         embedding = query_embedding(query_bundle, self._embed_model)
         filters = self._bm25.filters
+        laps.mark("embed")
         sparse = top_bm25_positions(snapshot, self._bm25.tokenize(check_query_text(query_bundle.query_str)), self._depth, filters)
+        laps.mark(_BM25)
         rows, similarities = top_dense_positions(matrix, embedding, self._depth, filters)
         dense = (rows, similarities.astype(np.float64))
+        laps.mark(_DENSE)
         positions, fused, ranks, raw = fuse_checked_positions(
             [sparse, dense], snapshot.tie_order, self._mode, self._rrf_k, self._weights, self._similarity_top_k
         )
@@ -114,4 +119,7 @@ class FusedIndexRetriever(CheckedQueryMixin, BaseRetriever):
                 leg_ranks[_DENSE], leg_scores[_DENSE] = dense_rank, dense_raw
             out.append(FusedNodeWithScore(node=copy_node(nodes[pos]), score=score, leg_ranks=leg_ranks, leg_scores=leg_scores))
         logger.debug("fused %d bm25 + %d dense candidates into %d results", len(sparse[0]), len(rows), len(out))
+        if laps.on:
+            laps.mark("fusion")
+            trace_index_fusion(self, query_bundle, nodes, {_BM25: sparse, _DENSE: dense}, out, laps)
         return out

@@ -36,6 +36,7 @@ import logging
 import os
 import re
 import threading
+import time
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -47,6 +48,7 @@ from llama_index.core.schema import MetadataMode, NodeRelationship, NodeWithScor
 from ..models import DEFAULT_EMBED_MODEL
 from ..node_parser.metadata import chunk_id
 from ..node_parser.tokenization import token_span_fn
+from ..tracing import trace_assembly, tracing_enabled
 
 logger = logging.getLogger(__name__)
 
@@ -642,8 +644,12 @@ class ContextAssembler(BaseNodePostprocessor):
     def _postprocess_nodes(
         self, nodes: List[NodeWithScore], query_bundle: Optional[QueryBundle] = None
     ) -> List[NodeWithScore]:
+        traced = tracing_enabled()
+        started = time.perf_counter()
         out, report = self.assemble(nodes)
         self._last_report = report
+        if traced:
+            trace_assembly(self, query_bundle, nodes, out, report, started)
         logger.debug(
             "context: %d results -> %d spans -> %d nodes, %d/%d tokens, %d left out",
             report.input_nodes,

@@ -32,6 +32,7 @@ import logging
 import math
 import re
 import threading
+import time
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -41,6 +42,8 @@ import numpy as np
 from llama_index.core.bridge.pydantic import Field, PrivateAttr
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import NodeWithScore, QueryBundle
+
+from ..tracing import trace_gate, tracing_enabled
 
 logger = logging.getLogger(__name__)
 
@@ -602,6 +605,15 @@ class NoAnswerPostprocessor(BaseNodePostprocessor):
     def _postprocess_nodes(
         self, nodes: List[NodeWithScore], query_bundle: Optional[QueryBundle] = None
     ) -> List[NodeWithScore]:
+        if not tracing_enabled():
+            return self._gate(nodes, query_bundle)
+        started = time.perf_counter()
+        kept = self._gate(nodes, query_bundle)
+        trace_gate(self, nodes, kept, query_bundle, started)
+        return kept
+
+    def _gate(self, nodes: List[NodeWithScore], query_bundle: Optional[QueryBundle] = None) -> List[NodeWithScore]:
+        """The gate's decision: ``[]`` when closed, else the nodes (minus those below ``similarity_cutoff``)."""
         query_str = query_bundle.query_str if query_bundle is not None else ""
         kept = list(nodes)
         if self.similarity_cutoff is not None:

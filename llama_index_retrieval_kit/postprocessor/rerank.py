@@ -60,6 +60,7 @@ from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, Query
 from ..node_parser.metadata import SECTION_HEADER_KEY
 from ..retrievers.checks import check_positive_int, check_query_text
 from ..retrievers.fusion import FusedNodeWithScore
+from ..tracing import trace_rerank, tracing_enabled
 
 logger = logging.getLogger(__name__)
 dispatcher = get_dispatcher(__name__)
@@ -700,6 +701,8 @@ class CrossEncoderReranker(BaseNodePostprocessor):
         for i, result in enumerate(nodes):
             if not isinstance(result, NodeWithScore):
                 raise ValueError(f"nodes[{i}] is {type(result).__name__}; expected NodeWithScore objects")
+        traced = tracing_enabled()
+        started = time.perf_counter()
         dispatcher.event(ReRankStartEvent(query=query_bundle, nodes=nodes, top_n=self.top_n, model_name=self.model))
         with self.callback_manager.event(
             CBEventType.RERANKING,
@@ -713,6 +716,8 @@ class CrossEncoderReranker(BaseNodePostprocessor):
             results: List[NodeWithScore] = list(self._rerank(query, list(nodes)))
             event.on_end(payload={EventPayload.NODES: results})
         dispatcher.event(ReRankEndEvent(nodes=results))
+        if traced:
+            trace_rerank(self, query_bundle, nodes, results, started)
         return results
 
     def _rerank(self, query: str, nodes: List[NodeWithScore]) -> List[RerankedNodeWithScore]:

@@ -39,6 +39,10 @@ class DenseMatrix:
         matrix = np.asarray(vectors, dtype=np.float32)
         if matrix.ndim != 2 or matrix.shape[0] != len(nodes):
             raise ValueError(f"{len(nodes)} nodes need a (nodes, dimension) matrix of vectors; got shape {matrix.shape}")
+        # Each row scaled by its largest magnitude first: squares of tiny (subnormal) values would
+        # underflow to a zero norm, and squares of huge ones overflow.
+        peaks = np.abs(matrix).max(axis=1, keepdims=True) if matrix.size else np.ones((len(matrix), 1), np.float32)
+        matrix = matrix / np.where(peaks > 0, peaks, 1.0).astype(np.float32)
         norms = np.linalg.norm(matrix, axis=1, keepdims=True)
         return cls(np.ascontiguousarray(matrix / np.where(norms > 0, norms, 1.0)), tuple(nodes))
 
@@ -62,10 +66,13 @@ def top_dense_positions(
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
     if q.shape != (matrix.vectors.shape[1],):
         raise ValueError(f"query vector has shape {q.shape}; the index holds {matrix.vectors.shape[1]}-dimensional vectors")
-    peak = float(np.abs(q).max())
-    q = q / peak if peak > 0 else q  # scaled first, so the norm of huge values does not overflow
-    norm = float(np.linalg.norm(q))
-    scores = matrix.vectors @ (q / norm if norm > 0 else q)
+    # Normalised in float64: scaled by the peak first (the norm of huge values cannot overflow),
+    # and float32 subnormals are ordinary float64 numbers (no flush-to-zero surprises).
+    wide = q.astype(np.float64)
+    peak = float(np.abs(wide).max())
+    wide = wide / peak if peak > 0 else wide
+    norm = float(np.linalg.norm(wide))
+    scores = matrix.vectors @ (wide / norm if norm > 0 else wide).astype(np.float32)
     if filters is None:
         k = min(top_k, n)
         head = np.argpartition(-scores, k - 1)[:k] if k < n else np.arange(n)

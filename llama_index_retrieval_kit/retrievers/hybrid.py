@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import List, Optional, Sequence, Union
 
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.callbacks.base import CallbackManager
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
+from ..tracing import atimed, elapsed_ms, timed, trace_hybrid, tracing_enabled
 from .checks import CheckedQueryMixin, check_positive_int
 from .fusion import (
     DEFAULT_RRF_K,
@@ -124,8 +126,20 @@ class HybridRetriever(CheckedQueryMixin, BaseRetriever):
         return score_fusion(truncated, weights=self._weights, top_k=self._similarity_top_k, names=self._names)
 
     def _retrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
+        if tracing_enabled():
+            return self._traced_fuse(query_bundle, [timed(leg.retrieve, query_bundle) for leg in self._retrievers])
         return self._fuse([leg.retrieve(query_bundle) for leg in self._retrievers])
 
     async def _aretrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
+        if tracing_enabled():
+            timed_legs = await asyncio.gather(*(atimed(leg.aretrieve(query_bundle)) for leg in self._retrievers))
+            return self._traced_fuse(query_bundle, timed_legs)
         results = await asyncio.gather(*(leg.aretrieve(query_bundle) for leg in self._retrievers))
         return self._fuse(results)
+
+    def _traced_fuse(self, query_bundle: QueryBundle, timed_legs: Sequence[tuple]) -> List[NodeWithScore]:
+        """:meth:`_fuse` of ``(results, ms)`` legs, emitting the leg and fusion trace records."""
+        started = time.perf_counter()
+        fused = self._fuse([results for results, _ in timed_legs])
+        trace_hybrid(self, query_bundle, [r for r, _ in timed_legs], [ms for _, ms in timed_legs], fused, elapsed_ms(started))
+        return fused

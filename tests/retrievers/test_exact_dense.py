@@ -21,6 +21,7 @@ finite = st.floats(-4, 4, allow_nan=False, width=32)
 
 def _oracle(nodes, vectors: np.ndarray, query: np.ndarray, top_k: int, filters=None):
     """Cosine similarity of every row, sorted high first (ties by row), filtered, cut."""
+    vectors, query = vectors.astype(np.float64), query.astype(np.float64)  # float32 subnormals stay exact
     unit = vectors / np.where(np.linalg.norm(vectors, axis=1, keepdims=True) > 0, np.linalg.norm(vectors, axis=1, keepdims=True), 1)
     q = query / (np.linalg.norm(query) or 1)
     scores = unit.astype(np.float64) @ q.astype(np.float64)
@@ -126,7 +127,10 @@ def test_retrieval_never_returns_nan_scores(vector: np.ndarray) -> None:
         assert all(np.isfinite(r.score) for r in results)
         single = vector.astype(np.float32)  # what the index compares
         if np.abs(single).max() > 0:  # the best row is a largest component's, however large
-            assert single[int(results[0].node.node_id[1:])] == single.max()
+            # a largest component's row, up to float32 rounding of the normalised query
+            # (a subnormal and a zero component tie after normalisation)
+            best = single[int(results[0].node.node_id[1:])]
+            assert single.max() - best <= 1e-6 * np.abs(single).max()
 
 
 def test_a_non_finite_embedding_from_the_model_is_refused_and_not_stored() -> None:

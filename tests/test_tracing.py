@@ -1,0 +1,299 @@
+"""Per-stage tracing: stage events through LlamaIndex's instrumentation, per-query traces, JSON
+lines, and nothing built when nobody listens (real sample index, real MiniLM, calibrated gate)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Iterator, List
+
+import pytest
+from llama_index.core.instrumentation import get_dispatcher
+from llama_index.core.instrumentation.event_handlers import BaseEventHandler
+from llama_index.core.instrumentation.events.base import BaseEvent
+from llama_index.core.instrumentation.events.retrieval import RetrievalEndEvent, RetrievalStartEvent
+from llama_index.core.llms import MockLLM
+from llama_index.core.query_engine import RetrieverQueryEngine
+from llama_index.core.schema import NodeWithScore, TextNode
+
+from llama_index_retrieval_kit import NoAnswerPostprocessor
+from llama_index_retrieval_kit import tracing
+from llama_index_retrieval_kit.evaluation import load_jsonl
+from llama_index_retrieval_kit.indices import HybridIndex
+from llama_index_retrieval_kit.postprocessor.context import ContextAssembler
+from llama_index_retrieval_kit.retrievers import HybridRetriever
+from llama_index_retrieval_kit.samples import QUESTIONS_FILE
+from llama_index_retrieval_kit.tracing import (
+    DropReason,
+    JsonlTraceWriter,
+    NodesDroppedEvent,
+    QueryTrace,
+    Stage,
+    StageTraceEvent,
+    collect_traces,
+    format_trace,
+    read_traces,
+    tracing_enabled,
+)
+
+from .indices import _support
+
+ANSWERABLE = ["How much is the late payment fee?", "What is the purchase APR?"]
+STAGES = ["bm25", "dense", "fusion", "no_answer", "context"]
+
+
+class Recorder(BaseEventHandler):
+    """An ordinary event handler that keeps every event it sees."""
+
+    events: List[Any] = []
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "Recorder"
+
+    def handle(self, event: BaseEvent, **kwargs: Any) -> Any:
+        self.events.append(event)
+
+
+@pytest.fixture(scope="module")
+def sample_index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HybridIndex]:
+    template = _support.build_template(tmp_path_factory.mktemp("trace_template"))
+    path = _support.copy_index(template, tmp_path_factory.mktemp("trace") / "index")
+    index = HybridIndex.load(path, embed_model=_support.embed_model())
+    try:
+        yield index
+    finally:
+        index.close()
+
+
+@pytest.fixture(scope="module")
+def gate(sample_index: HybridIndex) -> NoAnswerPostprocessor:
+    """Calibrated on the bundled questions, as tests/postprocessor/test_no_answer.py does."""
+    dataset = load_jsonl(QUESTIONS_FILE)
+    return NoAnswerPostprocessor.calibrate(
+        sample_index.as_retriever("hybrid", similarity_top_k=8),
+        dataset,
+        exclusion_retriever=lambda f: sample_index.as_retriever("hybrid", similarity_top_k=8, filters=f),
+        no_answer_text="No answer in these documents.",
+    )
+
+
+@pytest.fixture(scope="module")
+def assembler() -> ContextAssembler:
+    return ContextAssembler(max_tokens=160)
+
+
+@pytest.fixture(scope="module")
+def engine(sample_index: HybridIndex, gate: NoAnswerPostprocessor, assembler: ContextAssembler) -> RetrieverQueryEngine:
+    return RetrieverQueryEngine.from_args(
+        sample_index.as_retriever("hybrid", similarity_top_k=8), llm=MockLLM(max_tokens=5), node_postprocessors=[gate, assembler]
+    )
+
+
+@pytest.fixture(scope="module")
+def closed_question(sample_index: HybridIndex, gate: NoAnswerPostprocessor) -> str:
+    dataset = load_jsonl(QUESTIONS_FILE)
+    retriever = sample_index.as_retriever("hybrid", similarity_top_k=8)
+    for qid in dataset.no_answer_ids():
+        q = dataset.queries[qid]
+        if gate.confidence(retriever.retrieve(q), q) < gate.threshold:
+            return q
+    pytest.fail("the gate closes on none of the bundled no-answer questions")
+
+
+@pytest.fixture
+def recorder() -> Iterator[Recorder]:
+    handler = Recorder(events=[])
+    root = get_dispatcher()
+    root.add_event_handler(handler)
+    try:
+        yield handler
+    finally:
+        root.event_handlers = [h for h in root.event_handlers if h is not handler]
+
+
+def _ids(nodes: List[Any]) -> List[str]:
+    """Node ids of results or of traced nodes."""
+    return [n["node_id"] if isinstance(n, dict) else n.node_id for n in nodes]
+
+
+# ----------------------------------------------------------------------------- events
+def test_an_ordinary_event_handler_sees_every_stage(engine: RetrieverQueryEngine, recorder: Recorder) -> None:
+    assert tracing_enabled()
+    response = engine.query(ANSWERABLE[0])
+    stage_events = [e for e in recorder.events if isinstance(e, StageTraceEvent)]
+    assert [e.trace.name for e in stage_events] == STAGES
+    assert all(e.span_id for e in stage_events)  # emitted inside the stages' instrumentation spans
+    # LlamaIndex's own retrieval events still come, around the retrieval stages
+    kinds = [type(e) for e in recorder.events]
+    assert RetrievalStartEvent in kinds and RetrievalEndEvent in kinds
+    assert kinds.index(RetrievalStartEvent) < kinds.index(StageTraceEvent) < kinds.index(RetrievalEndEvent)
+    dropped = [e for e in recorder.events if isinstance(e, NodesDroppedEvent)]
+    assert {e.name for e in dropped} >= {"fusion"}
+    for e in dropped:
+        (match,) = [s.trace for s in stage_events if s.trace.name == e.name]
+        assert e.dropped == match.dropped
+    # the context the LLM read is the assembly stage's output
+    assert _ids(response.source_nodes) == _ids(stage_events[-1].trace.outputs)
+
+
+# ----------------------------------------------------------------------------- completeness
+def _check_complete(trace: QueryTrace) -> None:
+    assert [s.name for s in trace.stages] == STAGES
+    for record in trace.stages:
+        assert record.unaccounted_ids() == [], (record.name, record.unaccounted_ids())
+        assert record.latency_ms >= 0
+        outputs = set(_ids(record.outputs))
+        for d in record.dropped:
+            assert isinstance(d["reason"], DropReason) and d["detail"]
+            if record.stage is not Stage.ASSEMBLY:
+                assert d["node_id"] not in outputs
+    bm25, dense, fusion, gate, context = trace.stages
+    # every candidate of fusion is a leg candidate, with that leg's rank and score
+    legs = {"bm25": {n["node_id"]: n for n in bm25.outputs}, "dense": {n["node_id"]: n for n in dense.outputs}}
+    assert set(_ids(fusion.inputs)) == set(legs["bm25"]) | set(legs["dense"])
+    for n in fusion.inputs:
+        for leg, rank in n["leg_ranks"].items():
+            assert legs[leg][n["node_id"]]["rank"] == rank and legs[leg][n["node_id"]]["score"] == n["leg_scores"][leg]
+    # the stages chain: each stage's input is the previous stage's output
+    assert _ids(gate.inputs) == _ids(fusion.outputs)
+    assert _ids(context.inputs) == _ids(gate.outputs)
+    assert gate.confidence is not None and gate.threshold is not None
+    assert context.context_tokens is not None and context.context_tokens <= context.max_tokens
+
+
+def test_every_candidate_is_kept_or_dropped_with_a_reason(
+    engine: RetrieverQueryEngine, closed_question: str, assembler: ContextAssembler, gate: NoAnswerPostprocessor
+) -> None:
+    with collect_traces() as collector:
+        responses = [engine.query(q) for q in ANSWERABLE]
+        last = assembler.last_report
+        closed = engine.query(closed_question)
+    traces = collector.traces
+    assert [t.query_str for t in traces] == ANSWERABLE + [closed_question]
+    for trace in traces:
+        _check_complete(trace)
+        assert trace.latency_ms >= sum(s.latency_ms for s in trace.stages) * 0.99
+    # the open gate passes everything; assembly drops what the budget (or an overlap) left out
+    for trace, response in zip(traces[:2], responses):
+        gate_record, context = trace.stage("no_answer"), trace.stage("context")
+        assert gate_record.dropped == [] and gate_record.confidence >= gate_record.threshold
+        assert response.metadata["trace"] == trace.to_dict()
+        assert trace.context_tokens == context.context_tokens
+    context = traces[1].stage("context")
+    assert context.context_tokens == last.used_tokens
+    assert {(d["node_id"], d["reason"]) for d in context.dropped} == {
+        (x.node_id, DropReason.OVER_BUDGET if x.reason == "over budget" else DropReason.DUPLICATE) for x in last.left_out
+    }
+    assert any(d["reason"] is DropReason.OVER_BUDGET for t in traces[:2] for d in t.stage("context").dropped)
+    # a closed gate drops every fused result below threshold; the no-answer response keeps its metadata
+    gate_record = traces[2].stage("no_answer")
+    assert gate_record.outputs == [] and len(gate_record.dropped) == len(gate_record.inputs) > 0
+    assert all(d["reason"] is DropReason.BELOW_THRESHOLD for d in gate_record.dropped)
+    assert gate_record.confidence < gate_record.threshold == gate.threshold
+    assert closed.metadata["no_answer"] is True and closed.metadata["trace"]["stages"][3]["name"] == "no_answer"
+    assert traces[2].stage("context").outputs == [] and traces[2].context_tokens == 0
+
+
+def test_async_queries_are_traced_apart(engine: RetrieverQueryEngine) -> None:
+    async def both() -> List[Any]:
+        return await asyncio.gather(*(engine.aquery(q) for q in ANSWERABLE))
+
+    with collect_traces() as collector:
+        responses = asyncio.run(both())
+    by_query = {t.query_str: t for t in collector.traces}
+    assert set(by_query) == set(ANSWERABLE)
+    for q, response in zip(ANSWERABLE, responses):
+        _check_complete(by_query[q])
+        assert response.metadata["trace"]["trace_id"] == by_query[q].trace_id
+
+
+def test_generic_hybrid_retriever_traces_its_legs_and_depth_cut(sample_index: HybridIndex) -> None:
+    retriever = HybridRetriever(
+        [sample_index.as_retriever("sparse", similarity_top_k=10), sample_index.as_retriever("dense", similarity_top_k=10)],
+        names=["bm25", "dense"],
+        candidate_top_k=6,
+        similarity_top_k=4,
+    )
+    with collect_traces() as collector:
+        results = retriever.retrieve(ANSWERABLE[1])
+        asyncio.run(retriever.aretrieve(ANSWERABLE[0]))
+    sync_trace, async_trace = collector.traces  # a retriever called on its own: one trace per retrieve call
+    assert sync_trace.query_str == ANSWERABLE[1] and async_trace.query_str == ANSWERABLE[0]
+    for trace in (sync_trace, async_trace):
+        legs = [s for s in trace.stages if s.stage is Stage.RETRIEVAL_LEG]
+        assert [s.name for s in legs] == ["bm25", "dense"]
+        for leg in legs:
+            assert leg.unaccounted_ids() == [] and len(leg.outputs) == 6 and len(leg.inputs) == 10
+            assert all(d["reason"] is DropReason.NOT_IN_TOP_K for d in leg.dropped) and len(leg.dropped) == 4
+        fusion = trace.stage("fusion")
+        assert fusion.unaccounted_ids() == [] and fusion.attributes["mode"] == "rrf"
+    assert _ids(sync_trace.stage("fusion").outputs) == [r.node.node_id for r in results]
+
+
+def test_rerank_record_names_why_each_candidate_went() -> None:
+    nodes = [NodeWithScore(node=TextNode(id_=f"n{i}", text=f"t{i}"), score=1.0 - i / 10) for i in range(6)]
+    results = [SimpleNamespace(node=nodes[i].node, score=0.9 - i / 10, pre_rerank_rank=i + 1) for i in (1, 0)]
+    stats = SimpleNamespace(candidates=6, capped_to=4, scored=3, returned=2, scoring_ms=1.0, per_pair_ms=0.3)
+    reranker = SimpleNamespace(last_stats=stats, top_n=2, latency_budget_ms=5.0, model="tiny")
+    record = tracing.rerank_record(reranker, "q", nodes, results, 2.0)
+    assert record.unaccounted_ids() == []
+    reasons = {d["node_id"]: d["reason"] for d in record.dropped}
+    assert reasons == {
+        "n2": DropReason.NOT_IN_TOP_K,
+        "n3": DropReason.NOT_SCORED,
+        "n4": DropReason.OVER_MAX_CANDIDATES,
+        "n5": DropReason.OVER_MAX_CANDIDATES,
+    }
+    assert [(n["node_id"], n["pre_rerank_rank"]) for n in record.outputs] == [("n1", 2), ("n0", 1)]
+
+
+# ----------------------------------------------------------------------------- JSON lines
+def test_json_lines_round_trip(engine: RetrieverQueryEngine, closed_question: str, tmp_path: Path) -> None:
+    path = tmp_path / "traces" / "queries.jsonl"
+    writer = JsonlTraceWriter(path=str(path), keep=True)
+    with writer:
+        for q in ANSWERABLE + [closed_question]:
+            engine.query(q)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 3 and all(json.loads(line)["query_str"] for line in lines)
+    read = read_traces(path)
+    assert [t.to_dict() for t in read] == [t.to_dict() for t in writer.traces]
+    for trace in read:
+        _check_complete(trace)
+        assert QueryTrace.from_json(trace.to_json()) == trace
+    text = format_trace(read[0])
+    for name in STAGES:
+        assert f"== {name} (" in text
+    assert "tokens" in text and "not in top-k" in text
+    assert format_trace(lines[0]) == text == format_trace(json.loads(lines[0]))
+
+
+# ----------------------------------------------------------------------------- off
+def test_nothing_is_built_or_emitted_without_a_listener(
+    engine: RetrieverQueryEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert not tracing_enabled(), [type(h).__name__ for h in get_dispatcher().event_handlers]
+
+    def fail(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a trace record was built with no handler listening")
+
+    for name in ("traced_node", "traced_nodes", "emit", "trace_index_fusion", "trace_gate", "trace_assembly"):
+        monkeypatch.setattr(tracing, name, fail)
+    import llama_index_retrieval_kit.indices.fused_retriever as fr
+    import llama_index_retrieval_kit.postprocessor.context as ctx
+    import llama_index_retrieval_kit.postprocessor.no_answer as na
+
+    monkeypatch.setattr(fr, "trace_index_fusion", fail)
+    monkeypatch.setattr(na, "trace_gate", fail)
+    monkeypatch.setattr(ctx, "trace_assembly", fail)
+    response = engine.query(ANSWERABLE[0])
+    assert response.source_nodes and "trace" not in (response.metadata or {})
+    # and an uninstalled collector collects nothing
+    collector = tracing.TraceCollector()
+    with collector:
+        pass
+    engine.query(ANSWERABLE[1])
+    assert collector.traces == [] and not tracing_enabled()
