@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, List, Sequence, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union
 
 from llama_index.core.readers.base import BasePydanticReader
 from llama_index.core.schema import Document
@@ -110,15 +110,29 @@ class FileReader(BasePydanticReader):
     def load_data(
         self,
         file: Union[PathLike, Iterable[PathLike]],
+        extra_info: Optional[Dict[str, Any]] = None,
+        *,
         skip_errors: bool = False,
         doc_id_func: Callable[[Path], str] | None = None,
+        fs: Any = None,
     ) -> List[Document]:
         """Read one file or many; one Document per file.
+
+        LlamaIndex's reader contract: ``extra_info`` is metadata added to every Document (this
+        reader's own keys - ``doc_id``, ``source``, ``file_name``, ``file_path``, pages - win on a
+        clash), so ``SimpleDirectoryReader(file_extractor={".pdf": PagedPDFReader()})`` works.
+        Only local files are read: a non-local ``fs`` is refused.
 
         A file that cannot be read raises :class:`DocumentReadError` naming every bad file,
         after all the others were read (they are in ``err.documents``). With
         ``skip_errors=True`` bad files are logged as warnings and skipped instead.
         """
+        if extra_info is not None and not isinstance(extra_info, dict):
+            raise ValueError(f"extra_info must be a dict of metadata or None, got {type(extra_info).__name__}")
+        if fs is not None and type(fs).__name__ != "LocalFileSystem":
+            raise ValueError(
+                f"{self.class_name()} reads local files only; got fs={type(fs).__name__}: copy the files locally first"
+            )
         paths = [Path(file)] if isinstance(file, (str, Path)) else [Path(p) for p in file]
         id_func = doc_id_func or default_doc_id
         documents: list[Document] = []
@@ -137,6 +151,7 @@ class FileReader(BasePydanticReader):
                 continue
             doc_id = id_func(path)
             doc.id_ = doc_id
+            doc.metadata = {**(extra_info or {}), **doc.metadata}
             doc.metadata["doc_id"] = doc_id
             documents.append(doc)
         if failures:

@@ -138,3 +138,29 @@ def test_one_bad_file_does_not_lose_the_others(structured_pdf: Path, tmp_path: P
 def test_single_file_error_type_names_file(tmp_path: Path) -> None:
     err = FileReadError(tmp_path / "x.pdf", "why")
     assert "x.pdf" in str(err) and "why" in str(err)
+
+
+def test_simple_directory_reader_uses_our_readers(structured_pdf: Path, tmp_path: Path) -> None:
+    """LlamaIndex's reader contract: load_data(file, extra_info=...) - SimpleDirectoryReader must
+    not skip our files, and its metadata joins ours without overriding it."""
+    import shutil
+
+    from llama_index.core import SimpleDirectoryReader
+
+    from llama_index_retrieval_kit.readers import MarkdownReader
+
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    shutil.copy(structured_pdf, folder / "agreement.pdf")
+    (folder / "notes.md").write_text("# Notes\n\nThe annual fee is $95.\n", encoding="utf-8")
+    docs = SimpleDirectoryReader(
+        str(folder), file_extractor={".pdf": PagedPDFReader(), ".md": MarkdownReader()}, raise_on_error=True
+    ).load_data()
+    by_name = {d.metadata["file_name"]: d for d in docs}
+    assert set(by_name) == {"agreement.pdf", "notes.md"}
+    pdf = by_name["agreement.pdf"]
+    assert pdf.metadata["page_starts"][0] == 0 and "annual fee is $95" in pdf.text
+    assert pdf.metadata["file_type"] == "application/pdf"  # SimpleDirectoryReader's extra_info kept
+    assert pdf.metadata["file_path"] == str((folder / "agreement.pdf").resolve())  # ours wins
+    with pytest.raises(ValueError, match="extra_info must be a dict"):
+        PagedPDFReader().load_data(folder / "agreement.pdf", extra_info="nope")  # type: ignore[arg-type]
