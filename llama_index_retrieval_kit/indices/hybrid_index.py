@@ -263,6 +263,17 @@ def document_origin(metadata: Dict[str, Any]) -> Optional[str]:
         return path
 
 
+def settings_embed_model() -> Optional[BaseEmbedding]:
+    """``llama_index.core.Settings.embed_model`` when the user set one, else None.
+
+    Read without touching LlamaIndex's lazy default (which would try to build an OpenAI model).
+    """
+    from llama_index.core import Settings
+
+    model = getattr(Settings, "_embed_model", None)
+    return model if isinstance(model, BaseEmbedding) else None
+
+
 def check_document_text(doc: Any) -> None:
     """Refuse a document whose text or string metadata is not valid Unicode (lone surrogates,
     e.g. from ``bytes.decode(errors="surrogateescape")``): tokenizers and JSON cannot take it."""
@@ -436,7 +447,8 @@ class HybridIndex:
         """Chunk, embed and index ``documents`` into a new ``storage_dir``.
 
         ``overwrite=True`` replaces an existing index there; otherwise an existing index is an
-        error (use :meth:`load` and :meth:`upsert`).
+        error (use :meth:`load` and :meth:`upsert`). ``embed_model`` defaults to LlamaIndex's
+        ``Settings.embed_model`` when you set one, else the packaged offline MiniLM.
 
         The index is built in a sibling folder (``.<name>.building``) and renamed to
         ``storage_dir`` only when complete, so an interrupted or failed build leaves any previous
@@ -453,7 +465,7 @@ class HybridIndex:
             )
         if storage.exists() and not storage.is_dir():
             raise ValueError(f"{storage} is a file, not a folder: choose another storage_dir")
-        embed_model = embed_model or default_embed_model()
+        embed_model = embed_model or settings_embed_model() or default_embed_model()
         node_parser = node_parser or SectionWindowNodeParser()
         tokenizer_config = tokenizer_config or BM25TokenizerConfig()
         config: Dict[str, Any] = {
@@ -561,6 +573,10 @@ class HybridIndex:
             raise ValueError(f"{storage} holds no index.json: build an index there with HybridIndex.from_documents first{hint}")
         config = _storage.read_manifest(manifest, FORMAT_VERSION)
         built_with = _describe_model(config.get("embed_model_class"), config["embed_model"])
+        if embed_model is None:
+            embed_model = settings_embed_model()  # LlamaIndex's Settings.embed_model, when the user set one
+            if embed_model is not None and embed_model_name(embed_model) != config["embed_model"]:
+                embed_model = None  # built with another model: the default or a clear error below
         if embed_model is None:
             if config["embed_model"] != DEFAULT_EMBED_MODEL:
                 raise ValueError(

@@ -319,3 +319,25 @@ def test_bad_query_text_is_a_clear_error_in_every_mode(index: HybridIndex) -> No
             retriever.retrieve("late \ud800 fee")
         with pytest.raises(ValueError, match="str or a QueryBundle"):
             retriever.retrieve(None)
+
+
+def test_settings_embed_model_is_honoured(tmp_path: Path, embed_model) -> None:
+    """LlamaIndex's Settings.embed_model is the default model of from_documents and load."""
+    from llama_index.core import Settings
+    from llama_index.core.embeddings import MockEmbedding
+
+    from llama_index_retrieval_kit.models import embed_model_name
+
+    docs, _ = read_documents([_contracts(tmp_path) / "clientA"])
+    Settings.embed_model = MockEmbedding(embed_dim=8)
+    try:
+        with HybridIndex.from_documents(docs, tmp_path / "mock") as index:
+            assert index.embed_model is Settings.embed_model
+        with HybridIndex.load(tmp_path / "mock") as index:
+            assert index.embed_model is Settings.embed_model
+        with HybridIndex.from_documents(docs, tmp_path / "minilm", embed_model=embed_model):
+            pass
+        with HybridIndex.load(tmp_path / "minilm") as index:  # built with another model: not Settings'
+            assert embed_model_name(index.embed_model) == embed_model_name(embed_model)
+    finally:
+        Settings._embed_model = None
