@@ -3,13 +3,16 @@
     rkit demo                                # the main job on the bundled samples
     rkit ingest FILE_OR_DIR ...              # chunk documents, print a summary, write JSONL
     rkit index FILE_OR_DIR ... --storage DIR # build or update a hybrid index folder
-    rkit query --storage DIR "question"      # retrieve from an index folder
+    rkit query --storage DIR "question"      # retrieve from an index folder (--json, --gate, --trace)
+    rkit calibrate --storage DIR --dataset PATH --out gate.json   # fit a no-answer gate
+    rkit inspect FILE                        # pages, sections and chunks of one file
     rkit eval --dataset PATH --config NAME_OR_YAML ... --out DIR   # compare retrievers, write a report
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -150,24 +153,266 @@ def _same_files_other_ids(index, documents) -> list[tuple[str, str]]:
     return pairs
 
 
+QUERY_MODES = ("hybrid", "hybrid_score", "hybrid_rrf", "dense", "sparse", "qdrant_hybrid")
+DEFAULT_QUERY_MODE = "hybrid"
+DEFAULT_QUERY_TOP_K = 5
+
+
+def _require_index(storage: str | Path) -> None:
+    if not (Path(storage) / "index.json").exists():
+        raise CLIError(f"{storage} holds no index: build one first with `rkit index FILES_OR_FOLDERS --storage {storage}`")
+
+
+def _positive_k(k: int) -> int:
+    if k < 1:
+        raise CLIError(f"-k/--top-k must be at least 1, got {k}")
+    return k
+
+
+def _json_safe(value: object) -> object:
+    """Plain JSON values: numpy scalars as floats/ints, NaN and infinities as null."""
+    import math
+
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, bool) or value is None or isinstance(value, (str, int)):
+        return value
+    if hasattr(value, "item") and callable(value.item):  # numpy scalar
+        return _json_safe(value.item())
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    return str(value)
+
+
+def _result_dict(rank: int, r) -> dict:
+    """One retrieved chunk as a JSON-ready dict."""
+    m = r.node.metadata or {}
+    out = {
+        "rank": rank,
+        "score": None if r.score is None else float(r.score),
+        "node_id": r.node.node_id,
+        "doc_id": m.get("doc_id") or r.node.ref_doc_id,
+        "section_header": m.get("section_header"),
+        "page_start": m.get("page_start"),
+        "page_end": m.get("page_end"),
+        "char_start": m.get("char_start"),
+        "char_end": m.get("char_end"),
+    }
+    for key in ("leg_ranks", "leg_scores"):
+        legs = getattr(r, key, None)
+        if legs:
+            out[key] = dict(legs)
+    out["text"] = r.node.get_content()
+    return out
+
+
+def _load_gate(path: str):
+    from .postprocessor.no_answer import NoAnswerPostprocessor
+
+    if not Path(path).is_file():
+        raise CLIError(f"--gate {path}: no such gate file: write one with `rkit calibrate --storage DIR --dataset PATH --out {path}`")
+    return NoAnswerPostprocessor.load(path)
+
+
+def _apply_gate(gate, question: str, results: list) -> tuple[list, dict]:
+    """The gate's decision on ``results``: (kept results, decision for the output)."""
+    from llama_index.core.schema import QueryBundle
+
+    confidence = gate.confidence(results, question) if gate.is_fitted else None
+    kept = gate.postprocess_nodes(list(results), query_bundle=QueryBundle(question))
+    abstained = not kept
+    decision = {
+        "abstained": abstained,
+        "confidence": confidence,
+        "threshold": float(gate.threshold),
+        "kept": len(kept),
+        "best_rejected": _result_dict(1, results[0]) if abstained and results else None,
+    }
+    return kept, decision
+
+
 def cmd_query(args: argparse.Namespace) -> int:
+    _require_index(args.storage)
+    gate = _load_gate(args.gate) if args.gate else None
+    # a gate is calibrated on one retriever: unless told otherwise, query with the same mode and k
+    fitted_with = ((gate.fit_report or {}).get("retriever") or {}) if gate is not None else {}
+    mode = args.mode or fitted_with.get("mode") or DEFAULT_QUERY_MODE
+    top_k = _positive_k(args.top_k if args.top_k is not None else int(fitted_with.get("similarity_top_k") or DEFAULT_QUERY_TOP_K))
+    if gate is not None and fitted_with and (mode, top_k) != (fitted_with.get("mode"), fitted_with.get("similarity_top_k")):
+        logger.warning(
+            "the gate was calibrated with --mode %s -k %s, this query uses --mode %s -k %s: its confidences may be off",
+            fitted_with.get("mode"), fitted_with.get("similarity_top_k"), mode, top_k,
+        )
+
+    from contextlib import nullcontext
+
     from .indices import HybridIndex
 
-    if not (Path(args.storage) / "index.json").exists():
-        raise CLIError(f"{args.storage} holds no index: build one first with `rkit index FILES_OR_FOLDERS --storage {args.storage}`")
+    traces: list = []
     with HybridIndex.load(args.storage) as index:
-        retriever = index.as_retriever(mode=args.mode, similarity_top_k=args.top_k)
+        retriever = index.as_retriever(mode=mode, similarity_top_k=top_k)
         if args.trace:
-            from .tracing import collect_traces, format_trace
+            from .tracing import collect_traces
 
-            with collect_traces() as collector:
-                results = retriever.retrieve(args.question)
-            _print_results(results)
-            for trace in collector.traces:
-                _out("\n" + format_trace(trace))
+            context = collect_traces()
         else:
-            _print_results(retriever.retrieve(args.question))
-    return 0
+            context = nullcontext(None)
+        with context as collector:
+            results = retriever.retrieve(args.question)
+            kept, decision = _apply_gate(gate, args.question, results) if gate is not None else (results, None)
+        if collector is not None:
+            traces = list(collector.traces)
+
+    if args.json:
+        payload = {
+            "question": args.question,
+            "mode": mode,
+            "top_k": top_k,
+            "results": [_result_dict(rank, r) for rank, r in enumerate(kept, 1)],
+        }
+        if decision is not None:
+            payload["gate"] = {"path": str(args.gate), **decision}
+        if args.trace:
+            payload["traces"] = [t.to_dict() for t in traces]
+        _out(json.dumps(_json_safe(payload), ensure_ascii=False))
+        return EXIT_OK
+
+    if decision is not None and decision["abstained"]:
+        conf = decision["confidence"]
+        conf_text = f"confidence {conf:.4f} < threshold {decision['threshold']:.4f}" if conf is not None else "every chunk was below the similarity cutoff"
+        _out(f"NO ANSWER: the gate abstained ({conf_text}): the answer is probably not in the index.")
+        if results:
+            _out("best rejected candidate:")
+            _print_results(results[:1])
+        else:
+            _out("(nothing was retrieved)")
+    else:
+        if decision is not None:
+            conf = decision["confidence"]
+            conf_text = f"confidence {conf:.4f} >= threshold {decision['threshold']:.4f}" if conf is not None else "similarity cutoff only"
+            _out(f"answer gate: passed ({conf_text})")
+        _print_results(kept)
+    if traces:
+        from .tracing import format_trace
+
+        for trace in traces:
+            _out("\n" + format_trace(trace))
+    return EXIT_OK
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    _require_index(args.storage)
+    top_k = _positive_k(args.top_k)
+    if not 0.0 < args.target_recall <= 1.0:
+        raise CLIError(f"--target-recall must be in (0, 1], got {args.target_recall}")
+    out = Path(args.out)
+    if out.is_dir():
+        raise CLIError(f"--out {out} is a folder: give a file name such as {out / 'gate.json'}")
+
+    from .evaluation import load_dataset
+    from .indices import HybridIndex
+    from .postprocessor.no_answer import NoAnswerPostprocessor
+
+    dataset = load_dataset(args.dataset)
+    with HybridIndex.load(args.storage) as index:
+        exclusion = (
+            (lambda f: index.as_retriever(args.mode, similarity_top_k=top_k, filters=f)) if args.exclude_relevant else None
+        )
+        try:
+            gate = NoAnswerPostprocessor.calibrate(
+                index.as_retriever(args.mode, similarity_top_k=top_k),
+                dataset,
+                target_answerable_recall=args.target_recall,
+                exclusion_retriever=exclusion,
+                show_progress=not args.quiet,
+            )
+        except ValueError as exc:
+            raise CLIError(
+                f"cannot calibrate on {args.dataset}: {exc}. The dataset needs questions with answers (with reference "
+                "doc ids) and without; --exclude-relevant turns answerable ones into unanswerable ones"
+            ) from None
+    report = dict(gate.fit_report or {})
+    report["retriever"] = {"mode": args.mode, "similarity_top_k": top_k, "exclude_relevant": bool(args.exclude_relevant)}
+    report["dataset"] = str(args.dataset)
+    gate.fit_report = report
+    path = gate.save(out)
+    _out(f"no-answer gate calibrated on {args.dataset} (--mode {args.mode} -k {top_k}"
+         f"{', relevant documents excluded for extra unanswerable questions' if args.exclude_relevant else ''}):")
+    rows = [
+        {"metric": "AUROC", "value": report.get("auroc")},
+        {"metric": "threshold", "value": report.get("threshold")},
+        {"metric": "answerable kept", "value": report.get("answerable_kept")},
+        {"metric": "target answerable kept", "value": report.get("target_answerable_recall")},
+        {"metric": "abstention precision", "value": report.get("abstention_precision")},
+        {"metric": "abstention recall", "value": report.get("abstention_recall")},
+        {"metric": "answerable questions", "value": report.get("answerable")},
+        {"metric": "unanswerable questions", "value": report.get("unanswerable")},
+    ]
+    _out(_table(rows))
+    _out(f"\nwrote {path}; use it with `rkit query QUESTION --storage {args.storage} --gate {path}`")
+    return EXIT_OK
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    path = Path(args.file)
+    if not path.exists():
+        raise CLIError(f"{path}: no such file")
+    if path.is_dir():
+        raise CLIError(f"{path} is a folder: `rkit inspect` takes one file (use `rkit ingest {path}` for a folder summary)")
+    if args.show < 0:
+        raise CLIError(f"--show must be 0 or more, got {args.show}")
+
+    from .ingest import make_parser
+    from .node_parser.metadata import page_of
+    from .readers import DocumentReadError
+    from .readers.text import DocumentFolderReader
+
+    try:
+        documents = DocumentFolderReader().load_data(path)
+    except DocumentReadError as err:
+        raise CLIError("; ".join(str(f) for f in err.failures) or str(err)) from None
+    parser = make_parser(args.parser, args.chunk_size, args.chunk_overlap)
+    for doc in documents:
+        text = doc.get_content()
+        page_starts = list(doc.metadata.get("page_starts") or [0])
+        _out(f"== {doc.id_}: {len(text)} chars, {len(page_starts)} page(s) ==")
+        _out("\npages:")
+        bounds = [*page_starts[1:], len(text)]
+        _out(_table([{"page": i, "char_start": s, "char_end": e, "chars": e - s}
+                     for i, (s, e) in enumerate(zip(page_starts, bounds), 1)]))
+
+        sections = parser.sections_of(doc)
+        _out(f"\nsections ({len(sections)}):")
+        _out(_table([
+            {
+                "section": " > ".join(sec.path) or "(preamble)",
+                "chars": f"{sec.start}-{sec.end}",
+                "pages": f"{page_of(page_starts, sec.start)}-{page_of(page_starts, max(sec.start, sec.end - 1))}",
+            }
+            for sec in sections
+        ]))
+
+        nodes = parser.get_nodes_from_documents([doc])
+        shown = nodes if args.show == 0 else nodes[: args.show]
+        _out(f"\nchunks ({len(nodes)}, parser {args.parser}):")
+        rows = []
+        for n in shown:
+            m = n.metadata
+            rows.append({
+                "#": m.get("chunk_index"),
+                "kind": m.get("node_kind"),
+                "section": m.get("section_header") or "(preamble)",
+                "pages": f"{m.get('page_start')}-{m.get('page_end')}",
+                "chars": f"{m.get('char_start')}-{m.get('char_end')}",
+                "text": " ".join(n.get_content().split())[:80],
+            })
+        _out(_table(rows))
+        if len(shown) < len(nodes):
+            _out(f"... {len(nodes) - len(shown)} more chunk(s): --show 0 lists all")
+        _out()
+    return EXIT_OK
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -237,7 +482,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     ing = sub.add_parser("ingest", help="read and chunk files or folders (PDF, Markdown, text)")
     ing.add_argument("paths", nargs="+", help="files or folders")
-    ing.add_argument("--parser", choices=["window", "hierarchy"], default="window")
+    ing.add_argument("--parser", choices=["window", "hierarchy"], default="window", help="node parser (default: %(default)s)")
     ing.add_argument("--chunk-size", type=int, default=None, help="tokens per chunk (children for hierarchy)")
     ing.add_argument("--chunk-overlap", type=int, default=None, help="tokens of overlap")
     ing.add_argument("--out", default=None, help="write chunks as JSONL here")
@@ -247,9 +492,9 @@ def build_parser() -> argparse.ArgumentParser:
     idx = sub.add_parser("index", help="build or update a hybrid index folder from files or folders")
     idx.add_argument("paths", nargs="+", help="files or folders")
     idx.add_argument("--storage", required=True, help="index folder (created, or updated in place)")
-    idx.add_argument("--parser", choices=["window", "hierarchy"], default="window")
-    idx.add_argument("--chunk-size", type=int, default=None)
-    idx.add_argument("--chunk-overlap", type=int, default=None)
+    idx.add_argument("--parser", choices=["window", "hierarchy"], default="window", help="node parser (default: %(default)s)")
+    idx.add_argument("--chunk-size", type=int, default=None, help="tokens per chunk (children for hierarchy)")
+    idx.add_argument("--chunk-overlap", type=int, default=None, help="tokens of overlap")
     idx.add_argument("--rebuild", action="store_true", help="replace an existing index instead of updating it")
     idx.add_argument(
         "--allow-source-change",
@@ -266,14 +511,58 @@ def build_parser() -> argparse.ArgumentParser:
     idx.set_defaults(func=cmd_index)
 
     qry = sub.add_parser("query", help="retrieve chunks for a question from an index folder")
-    qry.add_argument("question")
-    qry.add_argument("--storage", required=True)
-    qry.add_argument("--mode", choices=["hybrid", "hybrid_score", "hybrid_rrf", "dense", "sparse", "qdrant_hybrid"], default="hybrid")
-    qry.add_argument("-k", "--top-k", type=int, default=5, help="number of chunks to show (default: %(default)s)")
+    qry.add_argument("question", help="the question to retrieve chunks for")
+    qry.add_argument("--storage", required=True, help="index folder written by `rkit index`")
+    qry.add_argument(
+        "--mode", choices=QUERY_MODES, default=None,
+        help=f"retriever (default: the gate's calibration mode with --gate, else {DEFAULT_QUERY_MODE})",
+    )
+    qry.add_argument(
+        "-k", "--top-k", type=int, default=None,
+        help=f"number of chunks to retrieve (default: the gate's calibration k with --gate, else {DEFAULT_QUERY_TOP_K})",
+    )
     qry.add_argument(
         "--trace", action="store_true", help="print what each stage returned and dropped, and why (a table per stage)"
     )
+    qry.add_argument(
+        "--json", action="store_true",
+        help="print one JSON object for programs: question, mode, results (scores, ids, sections, pages, offsets, "
+        "leg ranks, text), the gate's decision with --gate and the traces with --trace",
+    )
+    qry.add_argument(
+        "--gate", default=None, metavar="PATH",
+        help="a no-answer gate written by `rkit calibrate`: abstain (return nothing, show the best rejected "
+        "candidate) when the answer is probably not in the index",
+    )
     qry.set_defaults(func=cmd_query)
+
+    cal = sub.add_parser("calibrate", help="fit a no-answer gate on labelled questions (for `rkit query --gate`)")
+    cal.add_argument("--storage", required=True, help="index folder written by `rkit index`")
+    cal.add_argument(
+        "--dataset", required=True,
+        help="labelled questions: a JSONL question file (no reference_doc_ids = no answer) or a BEIR folder",
+    )
+    cal.add_argument("--out", required=True, help="gate file to write (JSON), e.g. gate.json")
+    cal.add_argument("--mode", choices=QUERY_MODES, default="hybrid", help="retriever to calibrate (default: %(default)s)")
+    cal.add_argument("-k", "--top-k", type=int, default=10, help="chunks retrieved per question (default: %(default)s)")
+    cal.add_argument(
+        "--target-recall", type=float, default=0.95,
+        help="share of answerable questions the gate must keep; sets the threshold (default: %(default)s)",
+    )
+    cal.add_argument(
+        "--exclude-relevant", action=argparse.BooleanOptionalAction, default=True,
+        help="also ask each answerable question with its relevant documents filtered out, as extra unanswerable "
+        "questions (default: on)",
+    )
+    cal.set_defaults(func=cmd_calibrate)
+
+    ins = sub.add_parser("inspect", help="show how one file is read and chunked: pages, sections, chunks")
+    ins.add_argument("file", help="a PDF, Markdown or text file")
+    ins.add_argument("--parser", choices=["window", "hierarchy"], default="window", help="node parser (default: %(default)s)")
+    ins.add_argument("--chunk-size", type=int, default=None, help="tokens per chunk (children for hierarchy)")
+    ins.add_argument("--chunk-overlap", type=int, default=None, help="tokens of overlap")
+    ins.add_argument("--show", type=int, default=20, help="list the first N chunks, 0 for all (default: %(default)s)")
+    ins.set_defaults(func=cmd_inspect)
 
     from .evaluation.cli_eval import add_eval_subparser
 
