@@ -41,6 +41,7 @@ from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.instrumentation.events.base import BaseEvent
 from llama_index.core.instrumentation.events.query import QueryEndEvent, QueryStartEvent
 from llama_index.core.instrumentation.events.retrieval import RetrievalEndEvent, RetrievalStartEvent
+from llama_index.core.instrumentation.span import active_span_id
 from llama_index.core.schema import NodeWithScore, QueryBundle
 from typing_extensions import Annotated, NotRequired, TypedDict
 
@@ -118,6 +119,20 @@ class DroppedNode(TypedDict):
     duplicate_of: NotRequired[Annotated[str, Field(description="For duplicates: the node id that holds its text.")]]
 
 
+_LAZY_FIELDS = frozenset({"inputs", "outputs", "dropped"})
+_MATERIALIZE_LOCK = threading.RLock()
+
+
+def _construct(cls: Any, values: Dict[str, Any], private: Optional[Dict[str, Any]] = None) -> Any:
+    """``cls.model_construct(**values)`` without its per-field default handling (every field is given, or lazy)."""
+    obj = cls.__new__(cls)
+    object.__setattr__(obj, "__dict__", values)
+    object.__setattr__(obj, "__pydantic_fields_set__", set(cls.model_fields))
+    object.__setattr__(obj, "__pydantic_extra__", None)
+    object.__setattr__(obj, "__pydantic_private__", private)
+    return obj
+
+
 class StageTrace(BaseModel):
     """What one stage did for one query."""
 
@@ -135,6 +150,53 @@ class StageTrace(BaseModel):
     max_tokens: Optional[int] = Field(default=None, description="Assembly: the token budget.")
     attributes: Dict[str, Any] = Field(default_factory=dict, description="Further stage settings and statistics.")
     span_id: Optional[str] = Field(default=None, description="Instrumentation span the stage ran in.")
+
+    # Builds ``inputs`` / ``outputs`` / ``dropped`` on first read (see :func:`_lazy_record`): the hot path stores raw lists.
+    _lazy: Optional[Callable[[], Dict[str, Any]]] = PrivateAttr(default=None)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _LAZY_FIELDS:  # only reached while the field is not built yet (not in __dict__)
+            self._materialize()
+            return self.__dict__[name]
+        return super().__getattr__(name)
+
+    def _materialize(self) -> "StageTrace":
+        private = self.__pydantic_private__
+        if private and private.get("_lazy") is not None:
+            with _MATERIALIZE_LOCK:
+                build = private.get("_lazy")
+                if build is not None:
+                    self.__dict__.update(build())
+                    private["_lazy"] = None
+        return self
+
+    def model_dump(self, **kwargs: Any) -> Dict[str, Any]:
+        return super(StageTrace, self._materialize()).model_dump(**kwargs)
+
+    def model_dump_json(self, **kwargs: Any) -> str:
+        return super(StageTrace, self._materialize()).model_dump_json(**kwargs)
+
+    def model_copy(self, **kwargs: Any) -> Any:
+        return super(StageTrace, self._materialize()).model_copy(**kwargs)
+
+    def __eq__(self, other: Any) -> bool:
+        if isinstance(other, StageTrace):
+            other._materialize()
+        return super(StageTrace, self._materialize()).__eq__(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr_args__(self) -> Any:
+        return super(StageTrace, self._materialize()).__repr_args__()
+
+    def __getstate__(self) -> Dict[Any, Any]:
+        return super(StageTrace, self._materialize()).__getstate__()
+
+    def __copy__(self) -> Any:
+        return super(StageTrace, self._materialize()).__copy__()
+
+    def __deepcopy__(self, memo: Any = None) -> Any:
+        return super(StageTrace, self._materialize()).__deepcopy__(memo)
 
     def unaccounted_ids(self) -> List[str]:
         """Input ids neither returned (directly or inside an assembled node) nor dropped: empty for a complete record."""
@@ -166,6 +228,17 @@ class QueryTrace(BaseModel):
             if record.name == name:
                 return record
         raise KeyError(f"no stage {name!r} in this trace; stages: {[s.name for s in self.stages]}")
+
+    def _materialize(self) -> "QueryTrace":
+        for record in self.stages:
+            record._materialize()
+        return self
+
+    def model_dump(self, **kwargs: Any) -> Dict[str, Any]:
+        return super(QueryTrace, self._materialize()).model_dump(**kwargs)
+
+    def model_dump_json(self, **kwargs: Any) -> str:
+        return super(QueryTrace, self._materialize()).model_dump_json(**kwargs)
 
     def to_dict(self) -> Dict[str, Any]:
         """JSON-ready dict."""
@@ -206,9 +279,41 @@ class NodesDroppedEvent(BaseEvent):
     query_str: Optional[str] = Field(default=None, description="The query text.")
     dropped: List[DroppedNode] = Field(description="The dropped nodes with their reasons.")
 
+    _record: Optional[StageTrace] = PrivateAttr(default=None)  # when emitted by a stage: `dropped` is its record's
+
     @classmethod
     def class_name(cls) -> str:
         return "NodesDroppedEvent"
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "dropped":
+            private = self.__pydantic_private__
+            record = private.get("_record") if private else None
+            if record is not None:
+                self.__dict__["dropped"] = value = record.dropped
+                return value
+        return super().__getattr__(name)
+
+    def _materialize(self) -> "NodesDroppedEvent":
+        if "dropped" not in self.__dict__:
+            self.dropped  # noqa: B018 (builds it)
+        return self
+
+    def model_dump(self, **kwargs: Any) -> Dict[str, Any]:
+        return super(NodesDroppedEvent, self._materialize()).model_dump(**kwargs)
+
+    def model_dump_json(self, **kwargs: Any) -> str:
+        return super(NodesDroppedEvent, self._materialize()).model_dump_json(**kwargs)
+
+    def __eq__(self, other: Any) -> bool:
+        if isinstance(other, NodesDroppedEvent):
+            other._materialize()
+        return super(NodesDroppedEvent, self._materialize()).__eq__(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr_args__(self) -> Any:
+        return super(NodesDroppedEvent, self._materialize()).__repr_args__()
 
 
 def tracing_enabled() -> bool:
@@ -222,16 +327,25 @@ def tracing_enabled() -> bool:
     return False
 
 
-def emit(record: StageTrace) -> None:
-    """Dispatch ``record`` (and a :class:`NodesDroppedEvent` when it dropped nodes)."""
-    event = StageTraceEvent(trace=record, tags={})
-    record.span_id = event.span_id
+def emit(record: StageTrace, n_dropped: Optional[int] = None) -> None:
+    """Dispatch ``record`` (and a :class:`NodesDroppedEvent` when it dropped nodes).
+
+    ``n_dropped``: how many it dropped, for a lazy record (whose ``dropped`` is built only when read).
+    Both events are built unvalidated (every field given), the drop event's entries are the record's.
+    """
+    span_id = active_span_id.get()
+    record.__dict__["span_id"] = span_id
+    event = _construct(StageTraceEvent, {"timestamp": datetime.now(), "id_": str(uuid.uuid4()), "span_id": span_id,
+                                         "tags": {}, "trace": record})
     dispatcher.event(event)
-    if record.dropped:  # built unvalidated (every field given: no default factories run), the entries are the record's
-        dispatcher.event(NodesDroppedEvent.model_construct(
-            timestamp=event.timestamp, id_=event.id_ + "-dropped", span_id=event.span_id, tags={},
-            stage=record.stage, name=record.name, query_str=record.query_str, dropped=record.dropped,
-        ))
+    if n_dropped is None:
+        n_dropped = len(record.dropped)
+    if n_dropped:
+        values = {"timestamp": event.timestamp, "id_": event.id_ + "-dropped", "span_id": span_id, "tags": {},
+                  "stage": record.stage, "name": record.name, "query_str": record.query_str}
+        if "dropped" in record.__dict__:
+            values["dropped"] = record.__dict__["dropped"]
+        dispatcher.event(_construct(NodesDroppedEvent, values, {"_record": record}))
 
 
 # ------------------------------------------------------------------------------ building records (pure)
@@ -314,9 +428,22 @@ def _record(stage: Stage, name: str, component: str, query_str: Optional[str], l
         attributes={}, span_id=None,
     )
     defaults.update(fields)
-    return StageTrace.model_construct(
-        stage=stage, name=name, component=component, query_str=query_str, latency_ms=float(latency_ms), **defaults
-    )
+    defaults.update(stage=stage, name=name, component=component, query_str=query_str, latency_ms=float(latency_ms))
+    return _construct(StageTrace, defaults, {"_lazy": None})
+
+
+def _lazy_record(stage: Stage, name: str, component: str, query_str: Optional[str], latency_ms: float,
+                 build: Callable[[], Dict[str, Any]], **fields: Any) -> StageTrace:
+    """A record whose ``inputs`` / ``outputs`` / ``dropped`` not in ``fields`` come from ``build()`` when first read."""
+    values: Dict[str, Any] = dict(confidence=None, threshold=None, context_tokens=None, max_tokens=None, attributes={}, span_id=None)
+    values.update(fields)
+    values.update(stage=stage, name=name, component=component, query_str=query_str, latency_ms=float(latency_ms))
+
+    def fill() -> Dict[str, Any]:
+        built = build()
+        return {k: built.get(k, []) for k in _LAZY_FIELDS if k not in values}
+
+    return _construct(StageTrace, values, {"_lazy": fill})
 
 
 def leg_record(
@@ -339,6 +466,13 @@ def fusion_record(
     attributes: Dict[str, Any],
 ) -> StageTrace:
     """Fusion: the union of the legs' candidates (with each leg's rank and score) in, the fused top-k out."""
+    outputs = traced_nodes(fused)
+    return _record(Stage.FUSION, "fusion", component, query_str, latency_ms, outputs=outputs,
+                   **_fusion_fields(legs, outputs, attributes), attributes=attributes)
+
+
+def _fusion_fields(legs: Mapping[str, Sequence[TracedNode]], outputs: Sequence[TracedNode], attributes: Mapping[str, Any]) -> Dict[str, Any]:
+    """Fusion's ``inputs`` (merged leg candidates, ranked by best leg rank) and ``dropped`` (those not in ``outputs``)."""
     merged: Dict[str, TracedNode] = {}
     for leg, nodes in legs.items():
         for n in nodes:
@@ -350,12 +484,22 @@ def fusion_record(
     inputs = sorted(merged.values(), key=lambda n: (min(n["leg_ranks"].values()), n["node_id"]))
     for i, n in enumerate(inputs, 1):
         n["rank"] = i
-    outputs = traced_nodes(fused)
     kept = {n["node_id"] for n in outputs}
     detail = f"fused rank > similarity_top_k {attributes.get('similarity_top_k')}"
     dropped = [_dropped(n, DropReason.NOT_IN_TOP_K, detail) for n in inputs if n["node_id"] not in kept]
-    return _record(Stage.FUSION, "fusion", component, query_str, latency_ms, inputs=inputs, outputs=outputs, dropped=dropped,
-                   attributes=attributes)
+    return {"inputs": inputs, "dropped": dropped}
+
+
+def _emit_lazy_fusion(component: str, query_str: Optional[str], leg_records: Mapping[str, StageTrace], candidates: int,
+                      fused: Sequence[NodeWithScore], latency_ms: float, attributes: Dict[str, Any]) -> None:
+    """Emit fusion's record with ``inputs`` / ``dropped`` built on first read (``candidates``: distinct leg candidates)."""
+    outputs = traced_nodes(fused)  # the results are the caller's (mutable): copied now
+
+    def build() -> Dict[str, Any]:
+        return _fusion_fields({name: record.outputs for name, record in leg_records.items()}, outputs, attributes)
+
+    record = _lazy_record(Stage.FUSION, "fusion", component, query_str, latency_ms, build, outputs=outputs, attributes=attributes)
+    emit(record, n_dropped=max(0, candidates - len(outputs)))
 
 
 def array_leg_nodes(nodes: Sequence[Any], positions: Sequence[int], scores: Sequence[float]) -> List[TracedNode]:
@@ -370,16 +514,20 @@ def trace_index_fusion(
     """Emit the leg and fusion records of a ``FusedIndexRetriever`` query (legs as position/score arrays)."""
     query_str = _query_text(query)
     component = type(retriever).__name__
-    traced: Dict[str, List[TracedNode]] = {}
+    records: Dict[str, StageTrace] = {}
+    seen: set = set()
     for name, (positions, scores) in legs.items():
-        traced[name] = array_leg_nodes(nodes, positions.tolist(), scores.tolist())
+        positions, scores = positions.tolist(), scores.tolist()  # copies: the per-node entries are built on first read
+        seen.update(positions)
         ms = laps.ms.get(name, 0.0) + (laps.ms.get("embed", 0.0) if name == "dense" else 0.0)
-        emit(_record(Stage.RETRIEVAL_LEG, name, component, query_str, ms, outputs=traced[name],
-                     attributes={"candidate_top_k": retriever._depth}))
+        build = (lambda p=positions, s=scores: {"outputs": array_leg_nodes(nodes, p, s)})
+        records[name] = record = _lazy_record(Stage.RETRIEVAL_LEG, name, component, query_str, ms, build, inputs=[], dropped=[],
+                                              attributes={"candidate_top_k": retriever._depth})
+        emit(record, n_dropped=0)
     attributes = {"mode": retriever._mode, "similarity_top_k": retriever.similarity_top_k, "weights": list(retriever._weights)}
     if retriever._mode == "rrf":
         attributes["rrf_k"] = retriever._rrf_k
-    emit(fusion_record(component, query_str, traced, fused, laps.ms.get("fusion", 0.0), attributes))
+    _emit_lazy_fusion(component, query_str, records, len(seen), fused, laps.ms.get("fusion", 0.0), attributes)
 
 
 def trace_hybrid(
@@ -389,15 +537,16 @@ def trace_hybrid(
     """Emit the leg and fusion records of a ``HybridRetriever`` query."""
     query_str = _query_text(query)
     component = type(retriever).__name__
-    traced: Dict[str, List[TracedNode]] = {}
+    records: Dict[str, StageTrace] = {}
+    seen: set = set()
     for name, results, depth, ms in zip(retriever.names, leg_results, retriever._depths, leg_ms):
-        record = leg_record(name, component, query_str, results, depth, ms)
-        traced[name] = record.outputs
+        records[name] = record = leg_record(name, component, query_str, results, depth, ms)
+        seen.update(n["node_id"] for n in record.outputs)
         emit(record)
     attributes = {"mode": retriever._mode, "similarity_top_k": retriever._similarity_top_k, "weights": list(retriever._weights)}
     if retriever._mode == "rrf":
         attributes["rrf_k"] = retriever._rrf_k
-    emit(fusion_record(component, query_str, traced, fused, fusion_ms, attributes))
+    _emit_lazy_fusion(component, query_str, records, len(seen), fused, fusion_ms, attributes)
 
 
 def timed(fn: Callable[[Any], Any], arg: Any) -> Tuple[Any, float]:
@@ -516,6 +665,12 @@ class _Open:
         self.started = time.perf_counter()
 
 
+def _new_trace(query_str: Optional[str], span_id: Optional[str]) -> QueryTrace:
+    """An empty :class:`QueryTrace`, unvalidated."""
+    return _construct(QueryTrace, {"trace_id": uuid.uuid4().hex, "query_str": query_str, "started_at": datetime.now(),
+                                   "latency_ms": None, "stages": [], "span_id": span_id})
+
+
 class TraceCollector(BaseEventHandler):
     """Groups :class:`StageTraceEvent` records into one :class:`QueryTrace` per query.
 
@@ -580,33 +735,40 @@ class TraceCollector(BaseEventHandler):
 
     # -- events
     def handle(self, event: BaseEvent, **kwargs: Any) -> Any:
-        if isinstance(event, StageTraceEvent):
-            self._add(event.trace)
+        cls = type(event)
+        if cls is StageTraceEvent or isinstance(event, StageTraceEvent):
+            self._add(event.__dict__["trace"])
+        elif cls is NodesDroppedEvent:
+            return None
         elif isinstance(event, QueryStartEvent):
             self._begin(_query_text(event.query), event.span_id, owner=None)
         elif isinstance(event, QueryEndEvent):
             self._end(event.span_id, event.response, query_end=True)
-        elif isinstance(event, RetrievalStartEvent) and self._current.get() is None:
+        elif isinstance(event, RetrievalStartEvent) and self.__pydantic_private__["_current"].get() is None:
             self._begin(_query_text(event.str_or_query_bundle), event.span_id, owner=event.span_id)
         elif isinstance(event, RetrievalEndEvent):
             self._end(event.span_id, None, query_end=False)
 
     def _begin(self, query_str: Optional[str], span_id: Optional[str], owner: Optional[str]) -> None:
-        trace = QueryTrace(query_str=query_str, span_id=span_id)
-        self._current.set(_Open(trace, owner, self._current.get()))
+        current = self.__pydantic_private__["_current"]  # not self._current: pydantic's __getattr__ on every event
+        current.set(_Open(_new_trace(query_str, span_id), owner, current.get()))
 
     def _add(self, record: StageTrace) -> None:
-        open_ = self._current.get()
+        open_ = self.__pydantic_private__["_current"].get()
         if open_ is None:  # a stage run outside a query: a trace of its own
-            self._finish(QueryTrace(query_str=record.query_str, span_id=record.span_id, stages=[record], latency_ms=record.latency_ms))
+            values = record.__dict__
+            trace = _new_trace(values["query_str"], values["span_id"])
+            trace.__dict__.update(stages=[record], latency_ms=values["latency_ms"])
+            self._finish(trace)
         else:
             open_.trace.stages.append(record)
 
     def _end(self, span_id: Optional[str], response: Any, query_end: bool) -> None:
-        open_ = self._current.get()
+        current = self.__pydantic_private__["_current"]
+        open_ = current.get()
         if open_ is None or (open_.owner is None) != query_end or (not query_end and open_.owner != span_id):
             return
-        self._current.set(open_.previous)
+        current.set(open_.previous)
         open_.trace.latency_ms = elapsed_ms(open_.started)
         if self.attach and response is not None and hasattr(response, "metadata"):
             attach_trace(response, open_.trace)
@@ -614,9 +776,12 @@ class TraceCollector(BaseEventHandler):
 
     def _finish(self, trace: QueryTrace) -> None:
         if self.keep:
-            with self._lock:
-                self._traces.append(trace)
-                del self._traces[: max(0, len(self._traces) - self.max_traces)]
+            private = self.__pydantic_private__
+            traces = private["_traces"]
+            with private["_lock"]:
+                traces.append(trace)
+                if len(traces) > self.max_traces:
+                    del traces[: len(traces) - self.max_traces]
         try:
             self.on_trace(trace)
         except Exception:  # the dispatcher would swallow it silently
