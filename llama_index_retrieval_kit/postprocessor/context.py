@@ -4,7 +4,8 @@ It turns retrieved chunks into the context an LLM reads, within a token budget:
 
 1. **deduplicate and merge** (:func:`merge_spans`): a node id seen twice is kept once; chunks of
    one document whose character spans overlap (window chunks overlap by design) or touch within
-   one section become one span. The span's text is rebuilt from the chunks' own texts and
+   one section (any sections with ``merge_sections``, the default: one hint then covers them,
+   and the text keeps their headings) become one span. The span's text is rebuilt from the chunks' own texts and
    offsets (``text1 + text2[e1 - s2:]``), which is exact because every chunk of the metadata
    contract satisfies ``doc.text[char_start:char_end] == node.text``: no character of the
    source is repeated. A gap between chunks of the same parent is filled from ``parent_text``
@@ -23,8 +24,10 @@ It turns retrieved chunks into the context an LLM reads, within a token budget:
    Middle: How Language Models Use Long Contexts", TACL).
 
 Each result is a new ``TextNode`` whose text starts with a citation hint
-(:func:`citation_text`, e.g. ``[terms.pdf, 3. Fees > 3.2 Late payment, p. 4]``) followed by the
-exact source span; its metadata (hidden from the LLM and the embedder) records the document,
+(:func:`citation_hints`; ``hint_style="full"``: ``[terms.pdf, 3. Fees > 3.2 Late payment, p. 4]``;
+the default ``"compact"`` leaves out what the LLM reads anyway - the file name the previous span
+cited, the section path's shared parent, a section whose heading starts the span - e.g.
+``[3.2 Late payment, p.4]``; the hints cost tokens of the budget) followed by the exact source span; its metadata (hidden from the LLM and the embedder) records the document,
 section, pages, span offsets and the chunks it was built from with their scores. What was left
 out (duplicates, over budget) is in :attr:`ContextAssembler.last_report`. Input nodes are never
 changed.
@@ -57,9 +60,11 @@ __all__ = [
     "Chunk",
     "ContextAssembler",
     "ContextOrder",
+    "HintStyle",
     "LeftOut",
     "Span",
     "chunk_from_result",
+    "citation_hints",
     "citation_text",
     "cut_at_sentence",
     "cut_chunk",
@@ -114,6 +119,25 @@ class ContextOrder(str, Enum):
         except ValueError:
             allowed = ", ".join(repr(m.value) for m in cls)
             raise ValueError(f"unknown context order {value!r}; allowed: {allowed}") from None
+
+
+class HintStyle(str, Enum):
+    """How much each citation hint says (every style but "none" keeps a citation on every span)."""
+
+    FULL = "full"  # [terms.pdf, 3. Fees > 3.2 Late payment, p. 4] on every span
+    COMPACT = "compact"  # what the LLM reads anyway is left out: [3.2 Late payment, p.4], [p.5]
+    NONE = "none"  # no hint (file, section and pages stay in the node metadata only)
+
+    @classmethod
+    def from_str(cls, value: Any) -> "HintStyle":
+        """The style named ``value`` (a member or its string); ValueError listing the allowed names."""
+        if isinstance(value, cls):
+            return value
+        try:
+            return cls(value)
+        except ValueError:
+            allowed = ", ".join(repr(m.value) for m in cls)
+            raise ValueError(f"unknown hint style {value!r}; allowed: {allowed}") from None
 
 
 @dataclass(frozen=True)
@@ -275,14 +299,16 @@ def _gap_text(a: Chunk, b: Chunk, start: int, end: int) -> Optional[str]:
     return None
 
 
-def merge_spans(chunks: Sequence[Chunk], max_gap_chars: int = 0) -> Tuple[List[Span], Dict[str, str]]:
+def merge_spans(
+    chunks: Sequence[Chunk], max_gap_chars: int = 0, merge_sections: bool = False
+) -> Tuple[List[Span], Dict[str, str]]:
     """Deduplicate ``chunks`` and merge them into spans; returns ``(spans, duplicates)``.
 
     ``duplicates`` maps a dropped chunk's node id to the node id it duplicates: the same node id
     seen earlier, or a chunk whose span (or, without offsets, whose text) another chunk holds
     whole. The duplicate's score still counts for the span that holds it. Chunks of one
     document merge into one span when their spans overlap, or touch (``e1 == s2``) within one
-    section, or - when a parent text covers the gap - lie at most ``max_gap_chars`` apart. The
+    section (in any sections with ``merge_sections``: one hint then covers both), or - when a parent text covers the gap - lie at most ``max_gap_chars`` apart. The
     merged text is ``text1 + text2[e1 - s2:]`` (exact: chunk texts are ``doc.text[s:e]``), so
     no source character is repeated. Spans come out by document then offset.
     """
@@ -332,7 +358,9 @@ def merge_spans(chunks: Sequence[Chunk], max_gap_chars: int = 0) -> Tuple[List[S
                     current.chunks.append(c)
                     continue
                 last = current.chunks[-1]
-                if c.start < current.end or (c.start == current.end and c.section_path == last.section_path):
+                if c.start < current.end or (
+                    c.start == current.end and (merge_sections or c.section_path == last.section_path)
+                ):
                     current.text += c.text[current.end - c.start :]
                     current.end = c.end
                     current.chunks.append(c)
@@ -371,13 +399,14 @@ def cut_at_sentence(text: str, max_chars: int, min_chars: int = 0) -> str:
     return text[: ends[-1]].rstrip() if ends else ""
 
 
-def page_text(page_start: Optional[int], page_end: Optional[int]) -> Optional[str]:
-    """``"p. 4"``, ``"pp. 3-4"``, or None without pages."""
+def page_text(page_start: Optional[int], page_end: Optional[int], compact: bool = False) -> Optional[str]:
+    """``"p. 4"``, ``"pp. 3-4"`` (``compact``: ``"p.4"``, ``"pp.3-4"``), or None without pages."""
     if page_start is None:
         return None
+    sep = "" if compact else " "
     if page_end is None or page_end <= page_start:
-        return f"p. {page_start}"
-    return f"pp. {page_start}-{page_end}"
+        return f"p.{sep}{page_start}"
+    return f"pp.{sep}{page_start}-{page_end}"
 
 
 def citation_text(
@@ -386,6 +415,45 @@ def citation_text(
     """The citation hint ``[terms.pdf, 3. Fees > 3.2 Late payment, p. 4]`` (parts that are missing are left out)."""
     parts = [p for p in (file_name, " > ".join(s for s in section_path if s), page_text(page_start, page_end)) if p]
     return f"[{', '.join(parts)}]" if parts else ""
+
+
+def span_file_name(span: Span) -> str:
+    """The name a citation gives the span's document: its file name, else its source's base name, else its id."""
+    c = span.best
+    return c.file_name or (os.path.basename(c.source) if c.source else None) or span.doc_id
+
+
+def citation_hints(ordered: Sequence[Span], compact: bool = False) -> List[str]:
+    """The citation hint of each span of ``ordered`` (the spans in context order).
+
+    Full: :func:`citation_text` of the file name, section path and pages. ``compact`` leaves out
+    what the LLM reads anyway: the file name when the previous span cites the same file, the
+    section path's parent when the previous span of the same document shares it (only the last
+    element is kept), and the whole section path when the span itself starts with the section's
+    heading; pages read ``p.4``/``pp.3-4``. A compact hint never comes out empty: with nothing
+    else to say it names the file.
+    """
+    hints: List[str] = []
+    prev_name: Optional[str] = None
+    prev_path: Dict[str, Tuple[str, ...]] = {}  # doc id -> section path of its previous span
+    for span in ordered:
+        name = span_file_name(span)
+        path = tuple(p for p in span.section_path if p)
+        if not compact:
+            hints.append(citation_text(name, path, span.page_start, span.page_end))
+            continue
+        shown_name: Optional[str] = None if name == prev_name else name
+        before = prev_path.get(span.doc_id)
+        shown_path = path
+        if before is not None and len(path) > 1 and before[: len(path) - 1] == path[:-1]:
+            shown_path = path[-1:]
+        if path and span.text.lstrip().startswith(path[-1]):
+            shown_path = ()  # the span starts with its section heading: the LLM reads it there
+        pages = page_text(span.page_start, span.page_end, compact=True)
+        parts = [p for p in (shown_name, " > ".join(shown_path), pages) if p] or [name]
+        hints.append(f"[{', '.join(parts)}]")
+        prev_name, prev_path[span.doc_id] = name, path
+    return hints
 
 
 def order_spans(spans: Sequence[Span], order: ContextOrder) -> List[Span]:
@@ -462,6 +530,19 @@ class ContextAssembler(BaseNodePostprocessor):
     include_hint: bool = Field(
         default=True, description="Start each node's text with its citation hint, e.g. '[terms.pdf, 3. Fees, p. 4]'."
     )
+    hint_style: HintStyle = Field(
+        default=HintStyle.COMPACT,
+        description="'compact' (default: what the LLM reads anyway is left out - the file name when the previous "
+        "span cites the same file, the section path's prefix shared with the document's previous span, the section "
+        "when the span starts with its heading - and pages as 'p.4'; it covers the most evidence in "
+        "benchmarks/context_assembly.py), 'full' (file, whole section path "
+        "and pages on every span) or 'none' (no hint; file, section and pages stay in the node metadata).",
+    )
+    merge_sections: bool = Field(
+        default=True,
+        description="Merge chunks of one document that touch across a section boundary into one span under one "
+        "hint (the text keeps the section headings); False: one span per section.",
+    )
     tokenizer_name: str = Field(
         default=DEFAULT_EMBED_MODEL,
         description="Hugging Face tokenizer (model id or local folder) that counts tokens; the default is the "
@@ -495,6 +576,11 @@ class ContextAssembler(BaseNodePostprocessor):
     def _check_order(cls, value: Any) -> ContextOrder:
         return ContextOrder.from_str(value)
 
+    @field_validator("hint_style", mode="before")
+    @classmethod
+    def _check_hint_style(cls, value: Any) -> HintStyle:
+        return HintStyle.from_str(value)
+
     @property
     def last_report(self) -> Optional[AssemblyReport]:
         """What the last :meth:`postprocess_nodes` call did (None before the first)."""
@@ -513,16 +599,17 @@ class ContextAssembler(BaseNodePostprocessor):
         return len(self._spans_of(text)) if text else 0
 
     # -- assembly ----------------------------------------------------------------------
-    def _hint(self, span: Span) -> str:
-        c = span.best
-        name = c.file_name or (os.path.basename(c.source) if c.source else None) or span.doc_id
-        return citation_text(name, span.section_path, span.page_start, span.page_end) if self.include_hint else ""
+    def _hints(self, ordered: Sequence[Span]) -> List[str]:
+        """The citation hint of each span of ``ordered`` (the spans in context order)."""
+        if not self.include_hint or self.hint_style is HintStyle.NONE:
+            return ["" for _ in ordered]
+        return citation_hints(ordered, compact=self.hint_style is HintStyle.COMPACT)
 
     def _cost(self, spans: Sequence[Span], cache: Dict[str, int]) -> int:
-        """Tokens of the context the spans make (each hint, its newline and the span text)."""
+        """Tokens of the context the spans make, in context order (each hint, its newline and the span text)."""
         total = 0
-        for span in spans:
-            hint = self._hint(span)
+        ordered = order_spans(spans, self.order)
+        for span, hint in zip(ordered, self._hints(ordered)):
             for text in (f"{hint}\n" if hint else "", span.text):
                 if text not in cache:
                     cache[text] = self.count_tokens(text)
@@ -537,10 +624,10 @@ class ContextAssembler(BaseNodePostprocessor):
             cut = cut_chunk(chunk, length)
             if not cut.text or self.count_tokens(cut.text) < self.min_cut_tokens:
                 return None
-            spans, _ = merge_spans(selected + [cut], self.max_gap_chars)
+            spans, _ = merge_spans(selected + [cut], self.max_gap_chars, self.merge_sections)
             return cut if self._cost(spans, cache) <= self.max_tokens else None
 
-        for bounds in (sentence_boundaries(chunk.text), word_boundaries(chunk.text)):
+        def longest(bounds: Sequence[int]) -> Optional[Chunk]:
             bounds = sorted(set(b for b in bounds if 0 < b < len(chunk.text)))
             lo, hi, found = 0, len(bounds) - 1, None
             while lo <= hi:  # cost grows with the prefix: binary search the longest that fits
@@ -550,9 +637,9 @@ class ContextAssembler(BaseNodePostprocessor):
                     found, lo = cut, mid + 1
                 else:
                     hi = mid - 1
-            if found is not None:
-                return found
-        return None
+            return found
+
+        return longest(sentence_boundaries(chunk.text)) or longest(word_boundaries(chunk.text))
 
     def select(self, chunks: Sequence[Chunk]) -> Tuple[List[Chunk], Dict[str, str], List[str]]:
         """Fill the budget by relevance; returns ``(selected, same-id duplicates, over-budget ids)``.
@@ -573,7 +660,7 @@ class ContextAssembler(BaseNodePostprocessor):
         over: List[str] = []
         cache: Dict[str, int] = {}
         for c in sorted(pool.values(), key=lambda c: (-c.score, c.rank)):
-            spans, _ = merge_spans(selected + [c], self.max_gap_chars)
+            spans, _ = merge_spans(selected + [c], self.max_gap_chars, self.merge_sections)
             if self._cost(spans, cache) <= self.max_tokens:
                 selected.append(c)
                 continue
@@ -622,18 +709,22 @@ class ContextAssembler(BaseNodePostprocessor):
         chunks = [chunk_from_result(r, i) for i, r in enumerate(nodes)]
         if self.expand_to_parent:
             chunks = [expand_chunk(c) for c in chunks]
-        report.spans = len(merge_spans(chunks, self.max_gap_chars)[0])
+        report.spans = len(merge_spans(chunks, self.max_gap_chars, self.merge_sections)[0])
         selected, same_id, over = self.select(chunks)
-        spans, contained = merge_spans(selected, self.max_gap_chars)
+        spans, contained = merge_spans(selected, self.max_gap_chars, self.merge_sections)
         report.left_out.extend(LeftOut(i, DUPLICATE_OF.format(of)) for i, of in {**same_id, **contained}.items())
         report.left_out.extend(LeftOut(i, OVER_BUDGET) for i in over)
 
         out: List[NodeWithScore] = []
         cache: Dict[str, int] = {}
-        for span in order_spans(spans, self.order):
-            result = self._node(span, self._hint(span))
+        ordered = order_spans(spans, self.order)
+        for span, hint in zip(ordered, self._hints(ordered)):
+            result = self._node(span, hint)
             out.append(result)
-            report.used_tokens += self._cost([span], cache)
+            for text in (f"{hint}\n" if hint else "", span.text):  # as _cost counts them
+                if text not in cache:
+                    cache[text] = self.count_tokens(text)
+                report.used_tokens += cache[text]
             for c in span.chunks:
                 report.merged_into.setdefault(c.node_id, result.node.node_id)
             if span.truncated:

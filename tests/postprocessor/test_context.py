@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import re
 from typing import Dict, List, Sequence
 
 import pytest
@@ -23,11 +24,14 @@ from llama_index_retrieval_kit.postprocessor.context import (
     Chunk,
     ContextAssembler,
     ContextOrder,
+    HintStyle,
     Span,
+    citation_hints,
     citation_text,
     cut_at_sentence,
     merge_spans,
     order_spans,
+    page_text,
 )
 from llama_index_retrieval_kit.postprocessor.rerank import RerankedNodeWithScore
 from llama_index_retrieval_kit.retrievers.fusion import FusedNodeWithScore
@@ -64,14 +68,17 @@ def check_context(out: Sequence[NodeWithScore], docs: Dict[str, Document], max_t
             assert end <= s or e <= start, f"spans [{s},{e}) and [{start},{end}) repeat source text"
         taken.setdefault(meta["doc_id"], []).append((start, end))
         # Citation: the LLM sees it; its pages hold the span's pages.
+        if not meta["citation"]:  # hint_style "none" (or include_hint=False)
+            assert meta["hint_chars"] == 0 and llm_text(r) == body(r)
+            continue
         assert llm_text(r).startswith(meta["citation"] + "\n")
         page_starts = doc.metadata.get("page_starts") or []
         first, last = page_of(page_starts, start), page_of(page_starts, max(start, end - 1))
         assert meta["page_start"] <= first and last <= meta["page_end"]
         if not meta["truncated"]:
             assert (meta["page_start"], meta["page_end"]) == (first, last)
-        pages = f"p. {first}" if meta["page_start"] == meta["page_end"] else f"pp. {meta['page_start']}-{meta['page_end']}"
-        assert meta["citation"].endswith(pages + "]")
+        pages = f"p. ?{first}" if meta["page_start"] == meta["page_end"] else f"pp. ?{meta['page_start']}-{meta['page_end']}"
+        assert re.search(rf"[\[ ]{pages}\]$", meta["citation"]), meta["citation"]
         # Bookkeeping stays out of the LLM text.
         assert "source_node_ids" not in llm_text(r) and "char_start" not in llm_text(r)
 
@@ -120,6 +127,101 @@ def test_citation_text():
     assert citation_text("terms.pdf", ["3. Fees", "3.2 Late payment"], 4, 4) == "[terms.pdf, 3. Fees > 3.2 Late payment, p. 4]"
     assert citation_text("terms.pdf", ["3. Fees"], 3, 4) == "[terms.pdf, 3. Fees, pp. 3-4]"
     assert citation_text("notes.txt", [], None, None) == "[notes.txt]"
+
+
+def test_page_text_compact():
+    assert page_text(4, 4) == "p. 4" and page_text(3, 4) == "pp. 3-4" and page_text(None, None) is None
+    assert page_text(4, 4, compact=True) == "p.4" and page_text(3, 4, compact=True) == "pp.3-4"
+
+
+def _span(doc_id: str, start: int, text: str, path, page: int, name: str, rank: int = 0) -> Span:
+    c = Chunk(f"{doc_id}{start}", doc_id, start, start + len(text), text, 1.0 - rank / 10, rank, tuple(path), page, page, name, name)
+    return Span(doc_id, c.start, c.end, text, [c], tuple(path))
+
+
+def test_citation_hints_compact_and_full():
+    spans = [
+        _span("t", 0, "Late fees are $40.", ("3. Fees", "3.2 Late payment"), 4, "terms.pdf"),
+        _span("t", 100, "Returned payments cost $25.", ("3. Fees", "3.3 Returned payment"), 4, "terms.pdf"),
+        _span("p", 0, "We keep data for 30 days.", ("Section 4 - Retention",), 1, "privacy.txt"),
+        _span("t", 300, "4.1 Limits\n\nYour limit is set by us.", ("4. Limits", "4.1 Limits"), 5, "terms.pdf"),
+        _span("t", 400, "Interest is charged daily.", ("5. Interest",), 6, "terms.pdf"),
+        _span("t", 500, "5. Interest\n\nRates vary.", ("5. Interest",), 7, "terms.pdf"),
+        _span("n", 0, "no pages", (), None, "notes.txt"),
+        _span("n", 50, "still no pages", (), None, "notes.txt"),
+    ]
+    assert citation_hints(spans) == [
+        "[terms.pdf, 3. Fees > 3.2 Late payment, p. 4]",
+        "[terms.pdf, 3. Fees > 3.3 Returned payment, p. 4]",
+        "[privacy.txt, Section 4 - Retention, p. 1]",
+        "[terms.pdf, 4. Limits > 4.1 Limits, p. 5]",
+        "[terms.pdf, 5. Interest, p. 6]",
+        "[terms.pdf, 5. Interest, p. 7]",
+        "[notes.txt]",
+        "[notes.txt]",
+    ]
+    assert citation_hints(spans, compact=True) == [
+        "[terms.pdf, 3. Fees > 3.2 Late payment, p.4]",  # first span: everything
+        "[3.3 Returned payment, p.4]",  # same file as the previous span, same parent section
+        "[privacy.txt, Section 4 - Retention, p.1]",  # another file: named again
+        "[terms.pdf, p.5]",  # the span starts with its heading "4.1 Limits"
+        "[5. Interest, p.6]",
+        "[p.7]",  # starts with "5. Interest"
+        "[notes.txt]",
+        "[notes.txt]",  # never empty
+    ]
+
+
+def test_hint_style_from_str_and_validation():
+    assert HintStyle.from_str("compact") is HintStyle.COMPACT and HintStyle.from_str(HintStyle.NONE) is HintStyle.NONE
+    with pytest.raises(ValueError, match=r"unknown hint style 'short'; allowed: 'full', 'compact', 'none'"):
+        ContextAssembler(max_tokens=10, hint_style="short")
+    a = ContextAssembler(max_tokens=10, hint_style="full", merge_sections=False)
+    assert a.hint_style is HintStyle.FULL and ContextAssembler.from_dict(a.to_dict()).hint_style is HintStyle.FULL
+    assert ContextAssembler(max_tokens=10).hint_style is HintStyle.COMPACT  # the benchmark's choice
+    assert ContextAssembler(max_tokens=10).merge_sections is True
+
+
+def test_merge_spans_across_sections_when_asked():
+    source = "1. A\n\nOne two three.\n\n2. B\n\nFour five six."
+    a = _chunk("a", 0, source[0:21], 0.5, 0, path=("1. A",))
+    b = _chunk("b", 21, source[21:], 0.9, 1, path=("2. B",))
+    assert len(merge_spans([a, b])[0]) == 2
+    (span,), dups = merge_spans([a, b], merge_sections=True)
+    assert (span.start, span.end, span.text, dups) == (0, len(source), source, {})
+    assert span.section_path == ("2. B",)  # the best chunk's
+    c = _chunk("c", 23, source[23:], 0.9, 1, path=("2. B",))  # a gap: never merged without a parent text
+    assert len(merge_spans([a, c], merge_sections=True)[0]) == 2
+
+
+def test_compact_hints_and_section_merge_in_the_assembler():
+    parts = ["1. Fees", "Annual fee is due yearly. " * 6, "2. Rates", "Interest accrues daily. " * 6, "3. Limits",
+             "Limits are reviewed monthly. " * 6]
+    text = "\n\n".join(parts) + "\n"
+    doc = Document(text=text, id_="k.txt", metadata={"source": "k.txt", "file_name": "k.txt", "page_starts": [0, 120]})
+    nodes = window_parser().get_nodes_from_documents([doc])
+    results = [NodeWithScore(node=n, score=1.0 - i / 100) for i, n in enumerate(nodes)]
+    count = real_count()
+    used = {}
+    for style in HintStyle:
+        for merge in (False, True):
+            a = ContextAssembler(max_tokens=2000, hint_style=style, merge_sections=merge, order="document")
+            out = a.postprocess_nodes(results, query_str="fee")
+            check_context(out, {doc.id_: doc}, 2000)
+            assert "".join(body(r) for r in out) == text  # every character once, in document order
+            assert a.last_report.used_tokens == sum(count(llm_text(r)) for r in out)
+            used[style, merge] = a.last_report.used_tokens
+            if merge:  # the chunks touch across the sections: one span, one hint
+                assert len(out) == 1
+            else:
+                assert len(out) == 3
+                if style is HintStyle.COMPACT:  # each span starts with its heading; same file as before
+                    assert [r.node.metadata["citation"] for r in out] == ["[k.txt, pp.1-2]", "[p.2]", "[p.2]"]
+                if style is HintStyle.FULL:
+                    assert [r.node.metadata["citation"] for r in out] == [
+                        "[k.txt, 1. Fees, pp. 1-2]", "[k.txt, 2. Rates, p. 2]", "[k.txt, 3. Limits, p. 2]"]
+    assert used[HintStyle.NONE, False] < used[HintStyle.COMPACT, False] < used[HintStyle.FULL, False]
+    assert used[HintStyle.COMPACT, True] < used[HintStyle.COMPACT, False]
 
 
 def test_order_spans_bookends_document_relevance():
@@ -183,19 +285,23 @@ def window_parser() -> SectionWindowNodeParser:
     data=st.data(),
     max_tokens=st.integers(1, 300),
     order=st.sampled_from(list(ContextOrder)),
+    hint_style=st.sampled_from(list(HintStyle)),
+    merge_sections=st.booleans(),
 )
-def test_synthetic_invariants(doc, data, max_tokens, order):
+def test_synthetic_invariants(doc, data, max_tokens, order, hint_style, merge_sections):
     nodes = window_parser().get_nodes_from_documents([doc])
     picks = data.draw(st.lists(st.integers(0, len(nodes) - 1), min_size=1, max_size=12))
     scores = data.draw(st.lists(st.floats(0, 1), min_size=len(picks), max_size=len(picks)))
     results = [NodeWithScore(node=nodes[i], score=s) for i, s in zip(picks, scores)]
     before = copy.deepcopy(results)
-    assembler = ContextAssembler(max_tokens=max_tokens, order=order)
+    assembler = ContextAssembler(max_tokens=max_tokens, order=order, hint_style=hint_style, merge_sections=merge_sections)
     out = assembler.postprocess_nodes(results, query_str="fee")
     assert [(r.node.node_id, r.node.text, r.node.metadata, r.score) for r in results] == [
         (r.node.node_id, r.node.text, r.node.metadata, r.score) for r in before
     ]
     check_context(out, {doc.id_: doc}, max_tokens)
+    if hint_style is not HintStyle.NONE:
+        assert all(r.node.metadata["citation"] for r in out)  # a citation stays visible on every span
     report = assembler.last_report
     covered = {i for r in out for i in r.node.metadata["source_node_ids"]}
     reported = {x.node_id for x in report.left_out}
