@@ -40,6 +40,7 @@ import os
 import pickle
 import sqlite3
 import threading
+import weakref
 import zipfile
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Literal, Optional, Sequence
@@ -263,6 +264,15 @@ def document_origin(metadata: Dict[str, Any]) -> Optional[str]:
         return path
 
 
+def _close_quietly(client: Any, cache: Any) -> None:
+    """Close a Qdrant client and an embedding cache, ignoring errors (finalizer of HybridIndex)."""
+    for resource in (client, cache):
+        try:
+            resource.close()
+        except Exception:  # noqa: BLE001 - best effort at exit
+            logger.debug("closing %r at exit failed", resource, exc_info=True)
+
+
 def settings_embed_model() -> Optional[BaseEmbedding]:
     """``llama_index.core.Settings.embed_model`` when the user set one, else None.
 
@@ -416,6 +426,9 @@ class HybridIndex:
         self.docstore = docstore
         self.tokenizer_config = tokenizer_config
         self.cache = EmbeddingCache(storage_dir / "embeddings.sqlite")
+        # An index never closed is closed when it is collected or at interpreter exit, before
+        # module teardown (otherwise qdrant-client's __del__ prints a traceback at exit).
+        self._finalizer = weakref.finalize(self, _close_quietly, client, self.cache)
         self._vector_store: Any = None
         self._dense: Optional[tuple] = None  # (BM25 snapshot, DenseMatrix aligned with it)
         self._dense_lock = threading.Lock()
@@ -629,6 +642,7 @@ class HybridIndex:
         with self._write_guard.hold_local():
             self.client.close()
             self.cache.close()
+            self._finalizer.detach()
 
     def __enter__(self) -> "HybridIndex":
         return self

@@ -341,3 +341,19 @@ def test_settings_embed_model_is_honoured(tmp_path: Path, embed_model) -> None:
             assert embed_model_name(index.embed_model) == embed_model_name(embed_model)
     finally:
         Settings._embed_model = None
+
+
+def test_an_index_never_closed_releases_its_folder_quietly(index_dir: Path, embed_model) -> None:
+    """Forgetting close() neither locks the folder forever nor prints a traceback at exit."""
+    import gc
+
+    forgotten = HybridIndex.load(index_dir, embed_model=embed_model)
+    assert len(forgotten)
+    del forgotten
+    gc.collect()
+    HybridIndex.load(index_dir, embed_model=embed_model).close()  # the folder was released
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    code = f"from llama_index_retrieval_kit import HybridIndex\nindex = HybridIndex.load({str(index_dir)!r})\nprint(len(index))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr
