@@ -30,7 +30,7 @@ import tempfile
 import threading
 import warnings
 from pathlib import Path
-from typing import Any, List, Literal, Optional
+from typing import Any, Dict, List, Literal, Optional, Tuple
 
 import numpy as np
 from llama_index.embeddings.huggingface import HuggingFaceEmbedding
@@ -86,31 +86,38 @@ def pool(hidden: np.ndarray, attention_mask: np.ndarray, mode: str) -> np.ndarra
     raise ValueError(f"pooling mode {mode!r} has no ONNX path; supported: 'mean', 'cls'")
 
 
-def _export_onnx(auto_model: Any, input_names: List[str], sample: dict, path: Path) -> None:
-    """Export ``auto_model`` (inputs -> last_hidden_state) to ``path`` atomically.
+def export_model_output(
+    hf_model: Any,
+    input_names: List[str],
+    sample: dict,
+    path: Path,
+    output: str,
+    output_axes: Dict[int, str],
+    fused_model_types: Tuple[str, ...] = ("bert",),
+) -> None:
+    """Export ``hf_model`` (inputs -> its ``output`` field) to ONNX at ``path`` atomically.
 
-    BERT-type models are exported with eager attention and then passed through ONNX Runtime's
-    transformer optimizer, which fuses attention, embedding and layer norms (about 17% faster
-    per query than the plain export here); any other model, or a failed fusion, keeps the plain
-    export. The caller checks the result against PyTorch either way.
+    Models whose ``model_type`` is in ``fused_model_types`` are exported with eager attention and
+    then passed through ONNX Runtime's transformer optimizer, which fuses attention, embedding and
+    layer norms (about 17% faster per query than the plain export here); any other model, or a
+    failed fusion, keeps the plain export. The caller checks the result against PyTorch.
     """
     import torch
 
-    class LastHiddenState(torch.nn.Module):
+    class Output(torch.nn.Module):
         def __init__(self, model: Any) -> None:
             super().__init__()
             self.model = model
 
         def forward(self, *inputs: Any) -> Any:
-            return self.model(**dict(zip(input_names, inputs))).last_hidden_state
+            return getattr(self.model(**dict(zip(input_names, inputs))), output)
 
-    config = auto_model.config
-    fuse = getattr(config, "model_type", None) == "bert" and hasattr(auto_model, "set_attn_implementation")
+    config = hf_model.config
+    fuse = getattr(config, "model_type", None) in fused_model_types and hasattr(hf_model, "set_attn_implementation")
     previous = getattr(config, "_attn_implementation", None)
-    wrapper = LastHiddenState(auto_model).eval()
     args = tuple(torch.as_tensor(sample[name]) for name in input_names)
-    axes = {name: {0: "batch", 1: "tokens"} for name in input_names}
-    axes["last_hidden_state"] = {0: "batch", 1: "tokens"}
+    axes: Dict[str, Dict[int, str]] = {name: {0: "batch", 1: "tokens"} for name in input_names}
+    axes[output] = dict(output_axes)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".onnx.tmp")
     os.close(fd)
@@ -118,27 +125,32 @@ def _export_onnx(auto_model: Any, input_names: List[str], sample: dict, path: Pa
         with warnings.catch_warnings(), torch.inference_mode():
             warnings.simplefilter("ignore")
             if fuse:
-                auto_model.set_attn_implementation("eager")  # the pattern the optimizer fuses
+                hf_model.set_attn_implementation("eager")  # the pattern the optimizer fuses
             try:
                 torch.onnx.export(
-                    wrapper,
+                    Output(hf_model).eval(),
                     args,
                     tmp,
                     input_names=input_names,
-                    output_names=["last_hidden_state"],
+                    output_names=[output],
                     dynamic_axes=axes,
                     opset_version=17,
                     dynamo=False,
                 )
             finally:
                 if fuse and previous:
-                    auto_model.set_attn_implementation(previous)
+                    hf_model.set_attn_implementation(previous)
             if fuse:
                 _fuse_transformer_ops(tmp, config)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _export_onnx(auto_model: Any, input_names: List[str], sample: dict, path: Path) -> None:
+    """Export ``auto_model`` (inputs -> last_hidden_state) to ``path`` atomically."""
+    export_model_output(auto_model, input_names, sample, path, "last_hidden_state", {0: "batch", 1: "tokens"})
 
 
 def _fuse_transformer_ops(onnx_path: str, config: Any) -> None:

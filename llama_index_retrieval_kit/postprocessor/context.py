@@ -41,7 +41,6 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from llama_index.core.bridge.pydantic import Field, PrivateAttr, field_validator
@@ -52,6 +51,7 @@ from ..models import DEFAULT_EMBED_MODEL
 from ..node_parser.metadata import chunk_id
 from ..node_parser.tokenization import token_span_fn
 from ..tracing import trace_assembly, tracing_enabled
+from .._enums import ChoiceEnum
 
 logger = logging.getLogger(__name__)
 
@@ -102,43 +102,19 @@ _SENTENCE_END = re.compile(r"[.!?;:][\"'\u2019\u201d)\]]*(?=\s)|\n")
 _WORD_END = re.compile(r"\S(?=\s)")
 
 
-class ContextOrder(str, Enum):
+class ContextOrder(ChoiceEnum):
     """How assembled spans are ordered in the context."""
 
     RELEVANCE = "relevance"  # best span first
     DOCUMENT = "document"  # documents by relevance, spans of a document in document order
     BOOKENDS = "bookends"  # best spans at the start and the end (Lost in the Middle, Liu et al. 2024)
 
-    @classmethod
-    def from_str(cls, value: Any) -> "ContextOrder":
-        """The order named ``value`` (a member or its string); ValueError listing the allowed names."""
-        if isinstance(value, cls):
-            return value
-        try:
-            return cls(value)
-        except ValueError:
-            allowed = ", ".join(repr(m.value) for m in cls)
-            raise ValueError(f"unknown context order {value!r}; allowed: {allowed}") from None
-
-
-class HintStyle(str, Enum):
+class HintStyle(ChoiceEnum):
     """How much each citation hint says (every style but "none" keeps a citation on every span)."""
 
     FULL = "full"  # [terms.pdf, 3. Fees > 3.2 Late payment, p. 4] on every span
     COMPACT = "compact"  # what the LLM reads anyway is left out: [3.2 Late payment, p.4], [p.5]
     NONE = "none"  # no hint (file, section and pages stay in the node metadata only)
-
-    @classmethod
-    def from_str(cls, value: Any) -> "HintStyle":
-        """The style named ``value`` (a member or its string); ValueError listing the allowed names."""
-        if isinstance(value, cls):
-            return value
-        try:
-            return cls(value)
-        except ValueError:
-            allowed = ", ".join(repr(m.value) for m in cls)
-            raise ValueError(f"unknown hint style {value!r}; allowed: {allowed}") from None
-
 
 @dataclass(frozen=True)
 class Chunk:

@@ -34,7 +34,6 @@ import re
 import threading
 import time
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
@@ -44,6 +43,7 @@ from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from ..tracing import trace_gate, tracing_enabled
+from .._enums import ChoiceEnum
 
 logger = logging.getLogger(__name__)
 
@@ -52,20 +52,12 @@ LEGS = ("dense", "bm25")
 FORMAT = "llama_index_retrieval_kit.NoAnswerPostprocessor/1"
 
 
-class FeatureSet(str, Enum):
+class FeatureSet(ChoiceEnum):
     """Which signals a gate reads; chosen by :meth:`NoAnswerPostprocessor.fit` from the results."""
 
     LEGS = "legs"  # fused results: each leg's raw score and rank (dense cosine, BM25)
     SCORE = "score"  # single-leg results: the node score (e.g. a dense or BM25 retriever)
     RERANK = "rerank"  # reranked results: the reranker's probability, plus the legs when present
-
-    @classmethod
-    def from_str(cls, value: str) -> "FeatureSet":
-        try:
-            return cls(value)
-        except ValueError:
-            raise ValueError(f"unknown feature set {value!r}; allowed: {', '.join(m.value for m in cls)}") from None
-
 
 # ------------------------------------------------------------------------------ features
 #: Words too common to say whether a passage is about the question (for ``coverage_max3``).

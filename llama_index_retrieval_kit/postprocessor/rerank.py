@@ -33,12 +33,9 @@ import logging
 import math
 import os
 import re
-import tempfile
 import threading
 import time
-import warnings
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -61,6 +58,7 @@ from ..node_parser.metadata import SECTION_HEADER_KEY
 from ..retrievers.checks import check_positive_int, check_query_text
 from ..retrievers.fusion import FusedNodeWithScore
 from ..tracing import trace_rerank, tracing_enabled
+from .._enums import ChoiceEnum
 
 logger = logging.getLogger(__name__)
 dispatcher = get_dispatcher(__name__)
@@ -88,23 +86,11 @@ _ONNX_PROBES = (
 )
 
 
-class RerankBackend(str, Enum):
+class RerankBackend(ChoiceEnum):
     """The library that runs the cross-encoder."""
 
     FLAG_EMBEDDING = "flag_embedding"
     SENTENCE_TRANSFORMERS = "sentence_transformers"
-
-    @classmethod
-    def from_str(cls, value: Any) -> "RerankBackend":
-        """The backend named ``value`` (a member or its string); ValueError listing the allowed names."""
-        if isinstance(value, cls):
-            return value
-        try:
-            return cls(value)
-        except ValueError:
-            allowed = ", ".join(repr(m.value) for m in cls)
-            raise ValueError(f"unknown rerank backend {value!r}; allowed: {allowed}") from None
-
 
 class RerankedNodeWithScore(FusedNodeWithScore):
     """A reranked result: ``score`` is the reranker's probability; what came before is kept.
@@ -371,55 +357,12 @@ def export_sequence_classifier(hf_model: Any, input_names: List[str], sample: Di
     """Export a Hugging Face sequence classifier (inputs -> ``logits``) to ONNX at ``path`` atomically.
 
     BERT- and RoBERTa-type models are exported with eager attention and passed through ONNX
-    Runtime's transformer optimizer (attention, embedding and layer-norm fusion), as the query
-    embedding path does (embeddings/onnx_query.py); a failed fusion keeps the plain export.
+    Runtime's transformer optimizer, as the query embedding path does
+    (:func:`~llama_index_retrieval_kit.embeddings.onnx_query.export_model_output`).
     """
-    import torch
+    from ..embeddings.onnx_query import export_model_output
 
-    from ..embeddings.onnx_query import _fuse_transformer_ops
-
-    class Logits(torch.nn.Module):
-        def __init__(self, model: Any) -> None:
-            super().__init__()
-            self.model = model
-
-        def forward(self, *inputs: Any) -> Any:
-            return self.model(**dict(zip(input_names, inputs))).logits
-
-    config = hf_model.config
-    fuse = config.model_type in ("bert", "roberta", "xlm-roberta") and hasattr(hf_model, "set_attn_implementation")
-    previous = getattr(config, "_attn_implementation", None)
-    args = tuple(torch.as_tensor(sample[name]) for name in input_names)
-    axes: Dict[str, Dict[int, str]] = {name: {0: "batch", 1: "tokens"} for name in input_names}
-    axes["logits"] = {0: "batch"}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".onnx.tmp")
-    os.close(fd)
-    try:
-        with warnings.catch_warnings(), torch.inference_mode():
-            warnings.simplefilter("ignore")
-            if fuse:
-                hf_model.set_attn_implementation("eager")  # the pattern the optimizer fuses
-            try:
-                torch.onnx.export(
-                    Logits(hf_model).eval(),
-                    args,
-                    tmp,
-                    input_names=input_names,
-                    output_names=["logits"],
-                    dynamic_axes=axes,
-                    opset_version=17,
-                    dynamo=False,
-                )
-            finally:
-                if fuse and previous:
-                    hf_model.set_attn_implementation(previous)
-            if fuse:
-                _fuse_transformer_ops(tmp, config)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    export_model_output(hf_model, input_names, sample, path, "logits", {0: "batch"}, ("bert", "roberta", "xlm-roberta"))
 
 
 class _FlagEmbeddingScorer:

@@ -90,6 +90,28 @@ def point_ids_filter(allowed_ids: Sequence[str], excluded_ids: Sequence[str]) ->
     return models.Filter(must=[models.HasIdCondition(has_id=list(allowed_ids))])
 
 
+def qdrant_filter(
+    filters: Optional[MetadataFilters],
+    point_filter: Optional[Callable[[], Optional[models.Filter]]],
+    filter_builder: Optional[Callable[[VectorStoreQuery], Any]],
+) -> Any:
+    """The Qdrant filter of one query: None without ``filters``, else ``point_filter()`` when given,
+    else ``filter_builder``'s translation of ``filters``."""
+    if filters is None:
+        return None
+    if point_filter is not None:
+        return point_filter()
+    return filter_builder(VectorStoreQuery(filters=filters))  # type: ignore[misc]
+
+
+def check_filter_source(filters: Optional[MetadataFilters], point_filter: Any, filter_builder: Any) -> Optional[MetadataFilters]:
+    """``filters`` validated; a ValueError when they are given with no way to translate them."""
+    filters = validate_filters(filters)
+    if filters is not None and point_filter is None and filter_builder is None:
+        raise ValueError("filters need a filter_builder (MetadataFilters -> Qdrant filter) or a point_filter")
+    return filters
+
+
 def sparse_vectors_config() -> dict[str, models.SparseVectorParams]:
     """The sparse vector of a hybrid collection: BM25 weights with Qdrant's IDF modifier."""
     return {SPARSE_VECTOR: models.SparseVectorParams(modifier=models.Modifier.IDF)}
@@ -137,9 +159,7 @@ class QdrantHybridRetriever(CheckedQueryMixin, BaseRetriever):
         check_positive_int("candidate_top_k", candidate_top_k)
         if isinstance(rrf_k, bool) or not isinstance(rrf_k, (int, float)):
             raise ValueError(f"rrf_k must be a non-negative integer for Qdrant, got {rrf_k!r}")
-        filters = validate_filters(filters)
-        if filters is not None and point_filter is None and filter_builder is None:
-            raise ValueError("filters need a filter_builder (MetadataFilters -> Qdrant filter) or a point_filter")
+        filters = check_filter_source(filters, point_filter, filter_builder)
         if candidate_top_k < similarity_top_k:
             raise ValueError(f"candidate_top_k ({candidate_top_k}) must be >= similarity_top_k ({similarity_top_k})")
         if rrf_k < 0 or int(rrf_k) != rrf_k:
@@ -158,11 +178,7 @@ class QdrantHybridRetriever(CheckedQueryMixin, BaseRetriever):
         self.filters = filters
 
     def _query_filter(self) -> Any:
-        if self.filters is None:
-            return None
-        if self._point_filter is not None:
-            return self._point_filter()
-        return self._filter_builder(VectorStoreQuery(filters=self.filters))  # type: ignore[misc]
+        return qdrant_filter(self.filters, self._point_filter, self._filter_builder)
 
     def _retrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
         dense = query_embedding(query_bundle, self._embed_model)
@@ -210,9 +226,7 @@ class QdrantDenseRetriever(CheckedQueryMixin, BaseRetriever):
         **kwargs: Any,
     ) -> None:
         check_positive_int("similarity_top_k", similarity_top_k)
-        filters = validate_filters(filters)
-        if filters is not None and point_filter is None and filter_builder is None:
-            raise ValueError("filters need a filter_builder (MetadataFilters -> Qdrant filter) or a point_filter")
+        filters = check_filter_source(filters, point_filter, filter_builder)
         super().__init__(**kwargs)
         self._client = client
         self._collection = collection_name
@@ -224,11 +238,7 @@ class QdrantDenseRetriever(CheckedQueryMixin, BaseRetriever):
         self.filters = filters
 
     def _query_filter(self) -> Any:
-        if self.filters is None:
-            return None
-        if self._point_filter is not None:
-            return self._point_filter()
-        return self._filter_builder(VectorStoreQuery(filters=self.filters))  # type: ignore[misc]
+        return qdrant_filter(self.filters, self._point_filter, self._filter_builder)
 
     def _retrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
         dense = query_embedding(query_bundle, self._embed_model)

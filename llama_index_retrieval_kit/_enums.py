@@ -1,0 +1,28 @@
+"""``ChoiceEnum``: the one ``from_str`` of the package's modes and kinds."""
+
+from __future__ import annotations
+
+import re
+from enum import Enum
+from typing import Any, TypeVar
+
+E = TypeVar("E", bound="ChoiceEnum")
+
+
+class ChoiceEnum(str, Enum):
+    """A string enum whose ``from_str`` names the bad value and lists the allowed ones.
+
+    The error calls the kind by its class name in words (``ContextOrder`` -> "context order").
+    """
+
+    @classmethod
+    def from_str(cls: type[E], value: Any) -> E:
+        """The member named ``value`` (a member or its string); ValueError listing the allowed names."""
+        if isinstance(value, cls):
+            return value
+        try:
+            return cls(value)
+        except ValueError:
+            kind = re.sub(r"(?<!^)(?=[A-Z])", " ", cls.__name__).lower()
+            allowed = ", ".join(repr(m.value) for m in cls)
+            raise ValueError(f"unknown {kind} {value!r}; allowed: {allowed}") from None
