@@ -2,7 +2,7 @@
 
 Readers keep pages and offsets, node parsers cut on sections, retrievers fuse BM25 and dense
 search (in process or inside Qdrant), ``HybridIndex`` keeps it all in one storage folder, and
-the evaluation package measures it.
+the evaluation package measures it. ``PipelineConfig`` describes the whole pipeline in one YAML file.
 """
 
 from __future__ import annotations
@@ -15,6 +15,10 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "FastHuggingFaceEmbedding": ".embeddings",
+    "PipelineConfig": ".pipeline",
+    "build_index": ".pipeline",
+    "build_query_engine": ".pipeline",
+    "build_retriever": ".pipeline",
     "TraceCollector": ".tracing",
     "QueryTrace": ".tracing",
     "StageTrace": ".tracing",
@@ -81,6 +85,10 @@ __all__ = [
     "JsonlTraceWriter",
     "collect_traces",
     "format_trace",
+    "PipelineConfig",
+    "build_index",
+    "build_retriever",
+    "build_query_engine",
 ]
 
 __getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
@@ -88,6 +96,7 @@ __getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
 if TYPE_CHECKING:  # the real imports, for type checkers and IDEs
     from .tracing import JsonlTraceWriter, QueryTrace, StageTrace, TraceCollector, collect_traces, format_trace
     from .embeddings import FastHuggingFaceEmbedding
+    from .pipeline import PipelineConfig, build_index, build_query_engine, build_retriever
     from .indices import DocumentIdConflictError, EmbeddingCache, HybridIndex, IndexBusyError
     from .node_parser import SectionHierarchyNodeParser, SectionWindowNodeParser
     from .postprocessor import (

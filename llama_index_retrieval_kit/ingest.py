@@ -13,7 +13,7 @@ from llama_index.core.schema import BaseNode, Document
 
 from .node_parser import SectionHierarchyNodeParser, SectionWindowNodeParser
 from .readers import DocumentReadError, ReadFailure
-from .readers.base import absolute_path, default_doc_id, folder_doc_id
+from .readers.base import FileReader, absolute_path, default_doc_id, folder_doc_id
 from .readers.text import DocumentFolderReader
 
 logger = logging.getLogger(__name__)
@@ -67,15 +67,18 @@ def expand_paths(paths: Iterable[str | Path]) -> list[Path]:
 
 
 def files_with_ids(
-    paths: Iterable[str | Path], doc_id_func: Callable[[Path], str] | None = None
+    paths: Iterable[str | Path],
+    doc_id_func: Callable[[Path], str] | None = None,
+    folder_reader: DocumentFolderReader | None = None,
 ) -> list[tuple[Path, str]]:
     """Every file to read with its document id.
 
     Default ids (see ``readers.base``): a file named directly is its file name; a file found in
     a named folder is its path relative to that folder (``clientA/terms.md``). ``doc_id_func``
-    (path -> id) replaces both.
+    (path -> id) replaces both. ``folder_reader`` lists the files of a folder (default:
+    ``DocumentFolderReader()``, recursive).
     """
-    reader = DocumentFolderReader()
+    reader = folder_reader or DocumentFolderReader()
     out: list[tuple[Path, str]] = []
     seen: set[tuple[str, str]] = set()
     for p in paths:
@@ -97,13 +100,19 @@ def read_documents(
     paths: Sequence[str | Path],
     show_progress: bool = False,
     doc_id_func: Callable[[Path], str] | None = None,
+    reader: FileReader | None = None,
 ) -> tuple[list[Document], list[ReadFailure]]:
     """Read every file; bad files are reported, never fatal for the others.
 
     Document ids: see :func:`files_with_ids`. Two files with one id are an error naming both
-    (read their common parent folder instead, or pass ``doc_id_func``).
+    (read their common parent folder instead, or pass ``doc_id_func``). ``reader`` reads each
+    file (default: ``DocumentFolderReader()``, which picks the PDF, Markdown or text reader by
+    suffix); a ``DocumentFolderReader`` given here also lists the folders' files (its
+    ``recursive``), any other reader reads every file found in them.
     """
-    files = files_with_ids(paths, doc_id_func)
+    reader = reader or DocumentFolderReader()
+    folder_reader = reader if isinstance(reader, DocumentFolderReader) else None
+    files = files_with_ids(paths, doc_id_func, folder_reader)
     clashes = _id_clashes(files)
     if clashes:
         raise ValueError(
@@ -111,7 +120,6 @@ def read_documents(
             + "; ".join(f"{doc_id!r}: {', '.join(str(p) for p in ps)}" for doc_id, ps in clashes[:5])
             + ". Read their common parent folder (ids are paths relative to it) or pass doc_id_func=..."
         )
-    reader = DocumentFolderReader()
     documents: list[Document] = []
     failures: list[ReadFailure] = []
     iterable: Iterable[tuple[Path, str]] = files

@@ -2,6 +2,7 @@
 
     rkit eval --dataset ../shared/datasets/beir/scifact --config llamaindex-bm25 --out runs/scifact
     rkit eval --dataset questions.jsonl --docs docs/ --config bm25 --config hybrid --config my.yaml --out runs/qa
+    rkit eval --dataset questions.jsonl --config bm25 --config examples/pipeline.yaml --out runs/pipeline
 
 Wire it into ``cli.py`` with ``add_eval_subparser(sub)`` in ``build_parser``.
 """
@@ -54,7 +55,8 @@ def add_eval_subparser(subparsers: Any) -> argparse.ArgumentParser:
         action="append",
         required=True,
         metavar="CONFIG",
-        help=f"built-in name ({', '.join(RETRIEVERS)}) or a YAML file; repeat to compare (the first is the baseline)",
+        help=f"built-in name ({', '.join(RETRIEVERS)}) or a YAML file (a retriever config, or a pipeline config "
+        "whose retrieval and precision stages are evaluated); repeat to compare (the first is the baseline)",
     )
     parser.add_argument("--out", required=True, help="report folder (created); indexes are kept in OUT/indexes")
     parser.add_argument(

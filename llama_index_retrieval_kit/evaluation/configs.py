@@ -119,6 +119,9 @@ class EvalConfig:
     bm25_k1: float = 1.2
     bm25_b: float = 0.75
     source: str = "built-in"
+    #: Node postprocessors applied to the retriever's results, in order, as
+    #: ``components.component_to_dict`` dicts (a pipeline config's gate, reranker, context).
+    postprocessors: tuple[Mapping[str, Any], ...] = field(default=(), hash=False)
 
     def __post_init__(self) -> None:
         if self.retriever not in RETRIEVERS:
@@ -126,6 +129,7 @@ class EvalConfig:
         if self.node_parser not in PARSER_CLASSES:
             raise ConfigError(self.source, f"unknown class {self.node_parser!r}; choose one of {list(PARSER_CLASSES)}", "node_parser")
         object.__setattr__(self, "parser_args", dict(self.parser_args))
+        object.__setattr__(self, "postprocessors", tuple(dict(spec) for spec in self.postprocessors))
 
     @property
     def uses_hybrid_index(self) -> bool:
@@ -136,6 +140,15 @@ class EvalConfig:
     def needs_embeddings(self) -> bool:
         """True when the retriever has a dense leg (documents must be embedded)."""
         return self.retriever not in ("bm25", "llamaindex-bm25")
+
+    def make_postprocessors(self) -> list[Any]:
+        """New instances of :attr:`postprocessors`, in order."""
+        from ..components import ComponentKind, component_from_dict
+
+        return [
+            component_from_dict(spec, ComponentKind.POSTPROCESSOR, key=f"postprocessors[{i}]")
+            for i, spec in enumerate(self.postprocessors)
+        ]
 
     def make_parser(self) -> Any:
         """A new node parser instance from ``node_parser`` and ``parser_args``."""
@@ -166,6 +179,8 @@ class EvalConfig:
             "similarity_top_k": self.similarity_top_k,
             "source": self.source,
         }
+        if self.postprocessors:
+            data["postprocessors"] = [dict(spec) for spec in self.postprocessors]
         for key, scope in _KEY_SCOPE.items():
             if self.retriever in scope:
                 data[key] = {
@@ -309,14 +324,17 @@ def config_from_dict(data: Mapping[str, Any], source: str = "config", default_na
     )
 
 
-def load_config_file(path: str | Path) -> EvalConfig:
-    """A configuration from a YAML file (name defaults to the file name without extension)."""
+def read_yaml_file(
+    path: str | Path, empty_hint: str = "it needs at least 'retriever: <name>'", missing_hint: str | None = None
+) -> Any:
+    """Parsed YAML of ``path``; errors are :class:`ConfigError` naming the file (and line)."""
     import yaml
 
     file_path = Path(path)
     if not file_path.is_file():
-        raise ConfigError(str(file_path), "file not found; give a built-in name "
-                          f"({', '.join(RETRIEVERS)}) or the path of a .yaml configuration")
+        raise ConfigError(str(file_path), "file not found; " + (
+            missing_hint or f"give a built-in name ({', '.join(RETRIEVERS)}) or the path of a .yaml configuration"
+        ))
     try:
         data = yaml.safe_load(file_path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
@@ -327,11 +345,30 @@ def load_config_file(path: str | Path) -> EvalConfig:
         raise ConfigError(str(file_path), f"not UTF-8 text (byte {exc.start}: {exc.reason}); save it as UTF-8 YAML") from exc
     except RecursionError:
         raise ConfigError(str(file_path), "nested too deeply to read (lists/mappings inside each other); "
-                          "a configuration nests at most two levels") from None
+                          "a configuration nests at most a few levels") from None
     except OSError as exc:
         raise ConfigError(str(file_path), f"cannot read: {exc.strerror or exc}") from exc
     if data is None:
-        raise ConfigError(str(file_path), "the file is empty; it needs at least 'retriever: <name>'")
+        raise ConfigError(str(file_path), f"the file is empty; {empty_hint}")
+    return data
+
+
+def load_config_file(path: str | Path) -> EvalConfig:
+    """A configuration from a YAML file (name defaults to the file name without extension).
+
+    A pipeline config (``llama_index_retrieval_kit.pipeline``: sections such as ``chunking``,
+    ``index`` and a ``retriever`` mapping) is accepted too: its retrieval settings and
+    precision stage are evaluated (:func:`~llama_index_retrieval_kit.pipeline.to_eval_config`).
+    """
+    file_path = Path(path)
+    data = read_yaml_file(file_path)
+    from ..pipeline import is_pipeline_config
+
+    if is_pipeline_config(data):
+        from ..pipeline import PipelineConfig, to_eval_config
+
+        pipeline = PipelineConfig.from_dict(data, source=str(file_path), base_dir=file_path.resolve().parent)
+        return to_eval_config(pipeline, default_name=file_path.stem, source=str(file_path))
     return config_from_dict(data, source=str(file_path), default_name=file_path.stem)
 
 

@@ -510,6 +510,7 @@ def run_eval(
     t0 = time.perf_counter()
     dataset = first_queries(load_dataset(path), limit_queries)
     mode = resolve_relevance(relevance, dataset)
+    _check_postprocessors_for_relevance(checked, mode)
     documents, docs_source = dataset_documents(dataset, path, docs, show_progress=show_progress)
     read_s = time.perf_counter() - t0
     check_references(dataset, documents, mode, allow_unmatched_references)
@@ -529,6 +530,10 @@ def run_eval(
             depths[config.name] = retrieval_depth(config, mode, nodes, max(cutoffs))
             t0 = time.perf_counter()
             retriever, build = run.retriever(config, nodes, depths[config.name])
+            if config.postprocessors:  # a pipeline config's precision stage (gate, reranker, context)
+                from ..pipeline import PostprocessedRetriever
+
+                retriever = PostprocessedRetriever(retriever, config.make_postprocessors())
             setup_s = time.perf_counter() - t0
             logger.info("config %s: %s, %d chunks per query", config.name, config.retriever, depths[config.name])
             t0 = time.perf_counter()
@@ -580,6 +585,24 @@ def run_eval(
 
     write_metrics_json(result)  # again, now with the report and total times
     return result
+
+
+def _check_postprocessors_for_relevance(configs: Sequence[EvalConfig], relevance: str) -> None:
+    """Context assembly makes new nodes (merged spans): node-id relevance cannot score them."""
+    if relevance != "node":
+        return
+    from ..components import resolve_component
+    from ..postprocessor.context import ContextAssembler
+
+    for config in configs:
+        for spec in config.postprocessors:
+            if issubclass(resolve_component(spec["component"]), ContextAssembler):
+                raise ConfigError(
+                    config.source,
+                    "context assembly returns new nodes (merged spans), which node-id relevance cannot score: "
+                    "use --relevance doc or text, or disable the context section for this evaluation",
+                    "context",
+                )
 
 
 def indexed_doc_ids(documents: Sequence[Document]) -> set[str]:
