@@ -7,6 +7,10 @@
     rkit calibrate --storage DIR --dataset PATH --out gate.json   # fit a no-answer gate
     rkit inspect FILE                        # pages, sections and chunks of one file
     rkit eval --dataset PATH --config NAME_OR_YAML ... --out DIR   # compare retrievers, write a report
+
+``index``, ``query``, ``calibrate`` and ``eval`` take ``--config pipeline.yaml`` (a
+:class:`~llama_index_retrieval_kit.pipeline.PipelineConfig`); an option given on the command line
+overrides the config.
 """
 
 from __future__ import annotations
@@ -97,19 +101,83 @@ def _print_results(results: Sequence, width: int = 240) -> None:
         _out("      " + " ".join(r.node.get_content().split())[:width])
 
 
+#: ``--parser`` names -> registered node parser components (pipeline configs).
+PARSER_COMPONENTS = {"window": "section_window", "hierarchy": "section_hierarchy"}
+
+
+def _pipeline_config(args: argparse.Namespace, overrides: dict | None = None):
+    """The ``--config`` pipeline with the command line's explicit options applied (None without --config)."""
+    path = getattr(args, "config", None)
+    if not path:
+        return None
+    from .pipeline import PipelineConfig
+
+    config = PipelineConfig.from_yaml(path)
+    overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+    return config.with_overrides(overrides, source=f"{path} with the command line's options") if overrides else config
+
+
+def _chunking_override(args: argparse.Namespace, config) -> dict | None:
+    """The ``chunking`` section after ``--parser`` / ``--chunk-size`` / ``--chunk-overlap`` (None: none given)."""
+    if args.parser is None and args.chunk_size is None and args.chunk_overlap is None:
+        return None
+    from .components import resolve_component
+    from .node_parser import SectionHierarchyNodeParser
+
+    section = dict(config.to_dict()["chunking"])
+    if args.parser is not None and PARSER_COMPONENTS[args.parser] != section["component"]:
+        section = {"component": PARSER_COMPONENTS[args.parser]}  # another parser: the config's options were its own
+    hierarchy = issubclass(resolve_component(section["component"]), SectionHierarchyNodeParser)
+    if args.chunk_size is not None:
+        section["child_chunk_size" if hierarchy else "chunk_size"] = args.chunk_size
+    if args.chunk_overlap is not None:
+        section["child_chunk_overlap" if hierarchy else "chunk_overlap"] = args.chunk_overlap
+    return section
+
+
+def _index_config(args: argparse.Namespace):
+    config = _pipeline_config(args)
+    if config is None:
+        return None
+    overrides = {"index.storage_dir": args.storage, "chunking": _chunking_override(args, config)}
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    return config.with_overrides(overrides, source=f"{args.config} with the command line's options") if overrides else config
+
+
 def cmd_index(args: argparse.Namespace) -> int:
     from .indices import HybridIndex
     from .ingest import make_parser, read_documents
 
-    documents, failures = read_documents(args.paths, show_progress=not args.quiet)
+    if args.switch and not args.push:
+        raise CLIError("--switch moves the index to the server given by --push URL: add --push")
+    config = _index_config(args)
+    paths = list(args.paths) or (list(config.reader.paths) if config is not None else [])
+    if not paths:
+        raise CLIError(
+            "nothing to index: give files or folders" + (f" (or list them in reader.paths of {args.config})" if args.config else "")
+        )
+    if args.storage is None and (config is None or config.index.storage_dir is None):
+        raise CLIError("--storage is required" + (f" (or index.storage_dir in {args.config})" if args.config else ""))
+    storage = Path(args.storage) if args.storage is not None else config.storage_dir
+    if config is not None:
+        from .pipeline import make_reader
+
+        documents, failures = read_documents(paths, show_progress=not args.quiet, reader=make_reader(config))
+    else:
+        documents, failures = read_documents(paths, show_progress=not args.quiet)
     for f in failures:
         _out(f"could not read {f}")
     if not documents:
         _out("nothing to index")
         return EXIT_PARTIAL
-    storage = Path(args.storage)
     if (storage / "index.json").exists() and not args.rebuild:
-        with HybridIndex.load(storage) as index:
+        if config is not None:
+            from .pipeline import open_index
+
+            index = open_index(config)  # refuses an index built with other settings than the config's
+        else:
+            index = HybridIndex.load(storage)
+        with index:
             rekeyed = _same_files_other_ids(index, documents)
             if rekeyed and not args.migrate_ids:
                 raise CLIError(
@@ -126,14 +194,37 @@ def cmd_index(args: argparse.Namespace) -> int:
                 stats["migrated"] = len(rekeyed)
             total = len(index)
     else:
-        parser = make_parser(args.parser, args.chunk_size, args.chunk_overlap)
+        if config is not None:
+            from .pipeline import index_build_kwargs
+
+            build_kwargs = index_build_kwargs(config)
+        else:
+            build_kwargs = {"node_parser": make_parser(args.parser or "window", args.chunk_size, args.chunk_overlap)}
         with HybridIndex.from_documents(
-            documents, storage, node_parser=parser, overwrite=args.rebuild, show_progress=not args.quiet
+            documents, storage, overwrite=args.rebuild, show_progress=not args.quiet, **build_kwargs
         ) as index:
             stats = {"documents": len(documents), "chunks": len(index)}
             total = len(index)
     _out(f"indexed {stats}; {total} chunks in {storage}")
+    if args.push:
+        with HybridIndex.load(storage) as index:
+            copied = index.push_to(args.push, api_key=os.environ.get("QDRANT_API_KEY"), overwrite=True, switch=args.switch)
+        where = "the index now lives there" if args.switch else f"serve it with HybridIndex.load({str(storage)!r}, qdrant_url={args.push!r})"
+        _out(f"copied {copied} points to {args.push}; {where}")
     return EXIT_PARTIAL if failures else EXIT_OK
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from .indices import HybridIndex
+
+    _require_index(args.storage)
+    before = json.loads((Path(args.storage) / "index.json").read_text(encoding="utf-8")).get("format_version")
+    with HybridIndex.load(args.storage) as index:  # a format-1 folder is migrated by opening it
+        chunks = len(index)
+    _out(
+        f"{args.storage}: migrated to Qdrant Edge ({chunks} chunks)" if before == 1 else f"{args.storage}: already current ({chunks} chunks)"
+    )
+    return EXIT_OK
 
 
 def _same_files_other_ids(index, documents) -> list[tuple[str, str]]:
@@ -233,35 +324,115 @@ def _apply_gate(gate, question: str, results: list) -> tuple[list, dict]:
     return kept, decision
 
 
-def cmd_query(args: argparse.Namespace) -> int:
-    _require_index(args.storage)
-    gate = _load_gate(args.gate) if args.gate else None
-    # a gate is calibrated on one retriever: unless told otherwise, query with the same mode and k
-    fitted_with = ((gate.fit_report or {}).get("retriever") or {}) if gate is not None else {}
-    mode = args.mode or fitted_with.get("mode") or DEFAULT_QUERY_MODE
-    top_k = _positive_k(args.top_k if args.top_k is not None else int(fitted_with.get("similarity_top_k") or DEFAULT_QUERY_TOP_K))
-    if gate is not None and fitted_with and (mode, top_k) != (fitted_with.get("mode"), fitted_with.get("similarity_top_k")):
-        logger.warning(
-            "the gate was calibrated with --mode %s -k %s, this query uses --mode %s -k %s: its confidences may be off",
-            fitted_with.get("mode"), fitted_with.get("similarity_top_k"), mode, top_k,
-        )
+def _query_config(args: argparse.Namespace):
+    """The ``--config`` pipeline with ``--storage``, ``--mode``, ``-k`` and ``--gate`` applied."""
+    overrides = {
+        "index.storage_dir": args.storage,
+        "retriever.mode": args.mode,
+        "retriever.similarity_top_k": _positive_k(args.top_k) if args.top_k is not None else None,
+    }
+    if args.gate is not None:
+        if not Path(args.gate).is_file():
+            _load_gate(args.gate)  # the CLI's error for a missing gate file
+        overrides.update({"no_answer.gate_path": str(args.gate), "no_answer.enabled": True})
+    config = _pipeline_config(args, overrides)
+    if config.index.storage_dir is None:
+        raise CLIError(f"--storage is required (or index.storage_dir in {args.config})")
+    return config
 
-    from contextlib import nullcontext
+
+def _run_stages(question: str, results: list, stages: Sequence) -> tuple[list, dict | None, list]:
+    """Results through the precision stages: (kept, the gate's decision or None, the gate's input)."""
+    from llama_index.core.schema import QueryBundle
+
+    from .postprocessor.no_answer import NoAnswerPostprocessor
+
+    nodes, decision, gate_input = list(results), None, list(results)
+    for stage in stages:
+        if isinstance(stage, NoAnswerPostprocessor):
+            gate_input = nodes
+            nodes, decision = _apply_gate(stage, question, nodes)
+            if not nodes:
+                break
+        else:
+            nodes = stage.postprocess_nodes(nodes, query_bundle=QueryBundle(question))
+    return nodes, decision, gate_input
+
+
+def _query(retriever, question: str, stages: Sequence) -> tuple[list, dict | None, list]:
+    """Retrieve and run the precision stages as one LlamaIndex query (QueryStart/QueryEnd events,
+    so a trace collector groups every stage, the gate and the context assembly included, into one trace)."""
+    from llama_index.core.base.response.schema import Response
+    from llama_index.core.instrumentation import get_dispatcher
+    from llama_index.core.instrumentation.events.query import QueryEndEvent, QueryStartEvent
+
+    dispatcher = get_dispatcher(__name__)
+
+    @dispatcher.span
+    def run(query_str: str) -> tuple[list, dict | None, list]:
+        dispatcher.event(QueryStartEvent(query=query_str))
+        results = retriever.retrieve(query_str)
+        out = _run_stages(query_str, results, stages)
+        dispatcher.event(QueryEndEvent(query=query_str, response=Response(response=None, source_nodes=list(out[0]))))
+        return out
+
+    return run(question)
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    from contextlib import ExitStack, nullcontext
+
+    config = _query_config(args) if args.config else None
+    if config is None:
+        if args.storage is None:
+            raise CLIError("--storage is required (or give --config with index.storage_dir)")
+        _require_index(args.storage)
+        gate = _load_gate(args.gate) if args.gate else None
+        # a gate is calibrated on one retriever: unless told otherwise, query with the same mode and k
+        fitted_with = ((gate.fit_report or {}).get("retriever") or {}) if gate is not None else {}
+        mode = args.mode or fitted_with.get("mode") or DEFAULT_QUERY_MODE
+        top_k = _positive_k(args.top_k if args.top_k is not None else int(fitted_with.get("similarity_top_k") or DEFAULT_QUERY_TOP_K))
+        if gate is not None and fitted_with and (mode, top_k) != (fitted_with.get("mode"), fitted_with.get("similarity_top_k")):
+            logger.warning(
+                "the gate was calibrated with --mode %s -k %s, this query uses --mode %s -k %s: its confidences may be off",
+                fitted_with.get("mode"), fitted_with.get("similarity_top_k"), mode, top_k,
+            )
+        stages: list = [gate] if gate is not None else []
+        gate_path = args.gate
+        trace = bool(args.trace)
+    else:
+        _require_index(config.storage_dir)
+        from .pipeline import build_postprocessors
+
+        mode, top_k = config.retriever.mode, config.retriever.similarity_top_k
+        stages = build_postprocessors(config)
+        gate_path = config.no_answer.gate_path if config.stage_enabled("no_answer") else None
+        trace = config.tracing.enabled if args.trace is None else bool(args.trace)
 
     from .indices import HybridIndex
 
     traces: list = []
-    with HybridIndex.load(args.storage) as index:
-        retriever = index.as_retriever(mode=mode, similarity_top_k=top_k)
-        if args.trace:
-            from .tracing import collect_traces
+    with ExitStack() as stack:
+        if config is None:
+            index = stack.enter_context(HybridIndex.load(args.storage))
+            retriever = index.as_retriever(mode=mode, similarity_top_k=top_k)
+        else:
+            from .pipeline import build_retriever
 
-            context = collect_traces()
+            retriever = stack.enter_context(build_retriever(config))
+        if trace:
+            from .tracing import TraceCollector
+
+            collector = None
+            if config is not None and config.tracing.enabled:
+                from .pipeline import make_tracer
+
+                collector = make_tracer(config)  # a JsonlTraceWriter with tracing.jsonl_path
+            context = collector if collector is not None else TraceCollector()
         else:
             context = nullcontext(None)
         with context as collector:
-            results = retriever.retrieve(args.question)
-            kept, decision = _apply_gate(gate, args.question, results) if gate is not None else (results, None)
+            kept, decision, gate_input = _query(retriever, args.question, stages)
         if collector is not None:
             traces = list(collector.traces)
 
@@ -272,9 +443,11 @@ def cmd_query(args: argparse.Namespace) -> int:
             "top_k": top_k,
             "results": [_result_dict(rank, r) for rank, r in enumerate(kept, 1)],
         }
+        if args.config:
+            payload["config"] = str(args.config)
         if decision is not None:
-            payload["gate"] = {"path": str(args.gate), **decision}
-        if args.trace:
+            payload["gate"] = {"path": str(gate_path) if gate_path else None, **decision}
+        if trace:
             payload["traces"] = [t.to_dict() for t in traces]
         _out(json.dumps(_json_safe(payload), ensure_ascii=False))
         return EXIT_OK
@@ -283,9 +456,9 @@ def cmd_query(args: argparse.Namespace) -> int:
         conf = decision["confidence"]
         conf_text = f"confidence {conf:.4f} < threshold {decision['threshold']:.4f}" if conf is not None else "every chunk was below the similarity cutoff"
         _out(f"NO ANSWER: the gate abstained ({conf_text}): the answer is probably not in the index.")
-        if results:
+        if gate_input:
             _out("best rejected candidate:")
-            _print_results(results[:1])
+            _print_results(gate_input[:1])
         else:
             _out("(nothing was retrieved)")
     else:
@@ -297,32 +470,83 @@ def cmd_query(args: argparse.Namespace) -> int:
     if traces:
         from .tracing import format_trace
 
-        for trace in traces:
-            _out("\n" + format_trace(trace))
+        for trace_record in traces:
+            _out("\n" + format_trace(trace_record))
     return EXIT_OK
 
 
+DEFAULT_CALIBRATE_MODE = "hybrid"
+DEFAULT_CALIBRATE_TOP_K = 10
+
+
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    _require_index(args.storage)
-    top_k = _positive_k(args.top_k)
     if not 0.0 < args.target_recall <= 1.0:
         raise CLIError(f"--target-recall must be in (0, 1], got {args.target_recall}")
-    out = Path(args.out)
+    config = None
+    if args.config:
+        config = _pipeline_config(args, {
+            "index.storage_dir": args.storage,
+            "retriever.mode": args.mode,
+            "retriever.similarity_top_k": _positive_k(args.top_k) if args.top_k is not None else None,
+        })
+        if config.index.storage_dir is None:
+            raise CLIError(f"--storage is required (or index.storage_dir in {args.config})")
+        storage = config.storage_dir
+        mode, top_k = config.retriever.mode, config.retriever.similarity_top_k
+        out_text = args.out or (config.no_answer.gate_path if config.no_answer is not None else None)
+        if out_text is None:
+            raise CLIError(f"--out is required (or no_answer.gate_path in {args.config})")
+    else:
+        if args.storage is None:
+            raise CLIError("--storage is required (or give --config with index.storage_dir)")
+        if args.out is None:
+            raise CLIError("--out is required: the gate file to write, e.g. gate.json")
+        storage = Path(args.storage)
+        mode = args.mode or DEFAULT_CALIBRATE_MODE
+        top_k = _positive_k(args.top_k if args.top_k is not None else DEFAULT_CALIBRATE_TOP_K)
+        out_text = args.out
+    _require_index(storage)
+    out = Path(out_text)
     if out.is_dir():
         raise CLIError(f"--out {out} is a folder: give a file name such as {out / 'gate.json'}")
+
+    from contextlib import ExitStack
 
     from .evaluation import load_dataset
     from .indices import HybridIndex
     from .postprocessor.no_answer import NoAnswerPostprocessor
 
     dataset = load_dataset(args.dataset)
-    with HybridIndex.load(args.storage) as index:
-        exclusion = (
-            (lambda f: index.as_retriever(args.mode, similarity_top_k=top_k, filters=f)) if args.exclude_relevant else None
-        )
+    reranker = None
+    with ExitStack() as stack:
+        if config is None:
+            index = stack.enter_context(HybridIndex.load(storage))
+
+            def make_retriever(filters=None):
+                return index.as_retriever(mode, similarity_top_k=top_k, filters=filters)
+        else:
+            from .pipeline import PostprocessedRetriever, open_index
+
+            index = stack.enter_context(open_index(config))
+            options = config.retriever.as_retriever_kwargs()
+            base_filters = options.pop("filters", None)
+            if config.stage_enabled("reranker"):
+                reranker = config.reranker.build()  # the gate will run after it: calibrate on reranked results
+                if hasattr(reranker, "load"):
+                    reranker.load()  # a model that cannot load is its own error, before any calibration
+
+            def make_retriever(filters=None):
+                if base_filters is not None and filters is not None:
+                    from llama_index.core.vector_stores.types import MetadataFilters
+
+                    filters = MetadataFilters(filters=[base_filters, filters], condition="and")
+                retriever = index.as_retriever(filters=filters or base_filters, **options)
+                return PostprocessedRetriever(retriever, [reranker]) if reranker is not None else retriever
+
+        exclusion = make_retriever if args.exclude_relevant else None
         try:
             gate = NoAnswerPostprocessor.calibrate(
-                index.as_retriever(args.mode, similarity_top_k=top_k),
+                make_retriever(),
                 dataset,
                 target_answerable_recall=args.target_recall,
                 exclusion_retriever=exclusion,
@@ -334,11 +558,19 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                 "doc ids) and without; --exclude-relevant turns answerable ones into unanswerable ones"
             ) from None
     report = dict(gate.fit_report or {})
-    report["retriever"] = {"mode": args.mode, "similarity_top_k": top_k, "exclude_relevant": bool(args.exclude_relevant)}
+    report["retriever"] = {"mode": mode, "similarity_top_k": top_k, "exclude_relevant": bool(args.exclude_relevant)}
+    if config is not None:
+        report["retriever"].update({k: v for k, v in config.retriever.model_dump(mode="json").items() if v is not None})
+        report["config"] = str(args.config)
+    if reranker is not None:
+        from .components import component_to_dict
+
+        report["reranker"] = component_to_dict(reranker)
     report["dataset"] = str(args.dataset)
     gate.fit_report = report
     path = gate.save(out)
-    _out(f"no-answer gate calibrated on {args.dataset} (--mode {args.mode} -k {top_k}"
+    _out(f"no-answer gate calibrated on {args.dataset} (--mode {mode} -k {top_k}"
+         f"{', after the reranker' if reranker is not None else ''}"
          f"{', relevant documents excluded for extra unanswerable questions' if args.exclude_relevant else ''}):")
     rows = [
         {"metric": "AUROC", "value": report.get("auroc")},
@@ -351,7 +583,13 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         {"metric": "unanswerable questions", "value": report.get("unanswerable")},
     ]
     _out(_table(rows))
-    _out(f"\nwrote {path}; use it with `rkit query QUESTION --storage {args.storage} --gate {path}`")
+    if config is not None and config.no_answer is not None and config.no_answer.gate_path and Path(config.no_answer.gate_path).resolve() == path.resolve():
+        _out(f"\nwrote {path}; {args.config} uses it: `rkit query QUESTION --config {args.config}`")
+    elif config is not None:
+        _out(f"\nwrote {path}; use it with `rkit query QUESTION --config {args.config} --gate {path}` "
+             "(or set no_answer.gate_path in the config)")
+    else:
+        _out(f"\nwrote {path}; use it with `rkit query QUESTION --storage {storage} --gate {path}`")
     return EXIT_OK
 
 
@@ -465,6 +703,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return cmd_eval(eval_args)
 
 
+CONFIG_HELP = "a pipeline config (YAML, see examples/pipeline.yaml); options given on the command line override it"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="rkit",
@@ -490,9 +731,10 @@ def build_parser() -> argparse.ArgumentParser:
     ing.set_defaults(func=cmd_ingest)
 
     idx = sub.add_parser("index", help="build or update a hybrid index folder from files or folders")
-    idx.add_argument("paths", nargs="+", help="files or folders")
-    idx.add_argument("--storage", required=True, help="index folder (created, or updated in place)")
-    idx.add_argument("--parser", choices=["window", "hierarchy"], default="window", help="node parser (default: %(default)s)")
+    idx.add_argument("paths", nargs="*", help="files or folders (default with --config: its reader.paths)")
+    idx.add_argument("--config", default=None, metavar="FILE", help=CONFIG_HELP)
+    idx.add_argument("--storage", default=None, help="index folder (created, or updated in place); required without --config")
+    idx.add_argument("--parser", choices=["window", "hierarchy"], default=None, help="node parser (default: window, or the config's)")
     idx.add_argument("--chunk-size", type=int, default=None, help="tokens per chunk (children for hierarchy)")
     idx.add_argument("--chunk-overlap", type=int, default=None, help="tokens of overlap")
     idx.add_argument("--rebuild", action="store_true", help="replace an existing index instead of updating it")
@@ -508,11 +750,27 @@ def build_parser() -> argparse.ArgumentParser:
         help="files already indexed under another id (e.g. by an older version, or from another folder "
         "root) are re-keyed to their new id instead of refused",
     )
+    idx.add_argument(
+        "--push",
+        default=None,
+        metavar="URL",
+        help="after indexing, copy the embedded index's points to this Qdrant server (replacing its collection; "
+        "API key from $QDRANT_API_KEY); the folder keeps its own copy unless --switch",
+    )
+    idx.add_argument("--switch", action="store_true", help="with --push: move the folder to the server for good")
     idx.set_defaults(func=cmd_index)
+
+    mig = sub.add_parser("migrate", help="convert an index folder of the old format (Qdrant local mode) to Qdrant Edge")
+    mig.add_argument("storage", help="the index folder (vectors come from its embedding cache; nothing is lost)")
+    mig.set_defaults(func=cmd_migrate)
 
     qry = sub.add_parser("query", help="retrieve chunks for a question from an index folder")
     qry.add_argument("question", help="the question to retrieve chunks for")
-    qry.add_argument("--storage", required=True, help="index folder written by `rkit index`")
+    qry.add_argument(
+        "--config", default=None, metavar="FILE",
+        help=CONFIG_HELP + "; runs its retriever, gate, reranker and context assembly",
+    )
+    qry.add_argument("--storage", default=None, help="index folder written by `rkit index`; required without --config")
     qry.add_argument(
         "--mode", choices=QUERY_MODES, default=None,
         help=f"retriever (default: the gate's calibration mode with --gate, else {DEFAULT_QUERY_MODE})",
@@ -522,7 +780,8 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"number of chunks to retrieve (default: the gate's calibration k with --gate, else {DEFAULT_QUERY_TOP_K})",
     )
     qry.add_argument(
-        "--trace", action="store_true", help="print what each stage returned and dropped, and why (a table per stage)"
+        "--trace", action=argparse.BooleanOptionalAction, default=None,
+        help="print what each stage returned and dropped, and why (a table per stage); default: off, or the config's tracing",
     )
     qry.add_argument(
         "--json", action="store_true",
@@ -537,14 +796,27 @@ def build_parser() -> argparse.ArgumentParser:
     qry.set_defaults(func=cmd_query)
 
     cal = sub.add_parser("calibrate", help="fit a no-answer gate on labelled questions (for `rkit query --gate`)")
-    cal.add_argument("--storage", required=True, help="index folder written by `rkit index`")
+    cal.add_argument(
+        "--config", default=None, metavar="FILE",
+        help=CONFIG_HELP + "; calibrates on its retriever (after its reranker, when it has one)",
+    )
+    cal.add_argument("--storage", default=None, help="index folder written by `rkit index`; required without --config")
     cal.add_argument(
         "--dataset", required=True,
         help="labelled questions: a JSONL question file (no reference_doc_ids = no answer) or a BEIR folder",
     )
-    cal.add_argument("--out", required=True, help="gate file to write (JSON), e.g. gate.json")
-    cal.add_argument("--mode", choices=QUERY_MODES, default="hybrid", help="retriever to calibrate (default: %(default)s)")
-    cal.add_argument("-k", "--top-k", type=int, default=10, help="chunks retrieved per question (default: %(default)s)")
+    cal.add_argument(
+        "--out", default=None,
+        help="gate file to write (JSON), e.g. gate.json; required without --config (default there: its no_answer.gate_path)",
+    )
+    cal.add_argument(
+        "--mode", choices=QUERY_MODES, default=None,
+        help=f"retriever to calibrate (default: {DEFAULT_CALIBRATE_MODE}, or the config's)",
+    )
+    cal.add_argument(
+        "-k", "--top-k", type=int, default=None,
+        help=f"chunks retrieved per question (default: {DEFAULT_CALIBRATE_TOP_K}, or the config's similarity_top_k)",
+    )
     cal.add_argument(
         "--target-recall", type=float, default=0.95,
         help="share of answerable questions the gate must keep; sets the threshold (default: %(default)s)",

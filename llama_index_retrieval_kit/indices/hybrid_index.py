@@ -3,7 +3,8 @@
 Layout of ``storage_dir``::
 
     index.json            config + manifest (embedding model, parser, BM25 settings, generation)
-    qdrant/               Qdrant local-mode data (absent when ``qdrant_url`` points at a server)
+    edge/                 the Qdrant Edge shard: Qdrant's engine in-process (absent when
+                          ``qdrant_url`` points at a server)
     bm25/gen-<N>/         the BM25 index of generation N
     docstore/gen-<N>.json every node (parents too), for AutoMergingRetriever and re-indexing
     embeddings.sqlite     embedding cache keyed by (model, text hash)
@@ -11,7 +12,7 @@ Layout of ``storage_dir``::
 Writes are crash-safe: an update first records the node ids it will touch in ``index.json``
 (``pending``), then writes Qdrant and the next generation's files, then switches
 ``index.json`` to the new generation in one atomic rename. Opening a folder whose last update
-did not finish rolls Qdrant back to the committed generation (vectors come from the embedding
+did not finish rolls the point store back to the committed generation (vectors come from the embedding
 cache), so the previous index is what you read. A write that fails with an exception does the
 same roll-back at once in the live object; if that fails too, the journal keeps every touched
 id (it only grows until a commit) and the next open repairs the folder.
@@ -25,9 +26,15 @@ and processes through ``.write.lock``); :meth:`HybridIndex.from_documents` build
 folder and renames it into place when complete. When a roll-back cannot be written (disk full),
 the index opens read-only on the committed state.
 
-**Only open folders you trust.** Qdrant local mode unpickles every stored point when it opens
-``qdrant/``, so a crafted folder can run code in your process; validation and checksums guard
-against damage, not against a malicious folder.
+Nothing :meth:`HybridIndex.load` reads is unpickled: the manifest and docstore are JSON, the BM25
+index numpy arrays read with ``allow_pickle=False``, the point store Qdrant Edge's own files. A
+folder of the first format (``format_version`` 1, Qdrant local mode in ``qdrant/``, which pickles
+every point) is migrated once on open without reading ``qdrant/``: the points are rebuilt from the
+docstore and the embedding cache, then ``qdrant/`` is deleted.
+
+The shard is open in one process at a time (``edge/.store.lock``); a second open is an
+:class:`IndexBusyError`. Several workers serve one index through a Qdrant server
+(``qdrant_url=``).
 """
 
 from __future__ import annotations
@@ -54,7 +61,6 @@ from llama_index.core.schema import BaseNode, Document, MetadataMode
 from llama_index.core.storage.docstore import SimpleDocumentStore
 from llama_index.core.vector_stores.types import MetadataFilters
 from llama_index.core.vector_stores.utils import node_to_metadata_dict
-from qdrant_client import QdrantClient, models
 
 from ..models import DEFAULT_EMBED_MODEL, default_embed_model, embed_model_name
 from ..node_parser import SectionHierarchyNodeParser, SectionWindowNodeParser
@@ -64,28 +70,24 @@ from ..retrievers.exact_dense import DenseMatrix, ExactDenseRetriever
 from ..retrievers.filters import metadata_matches, validate_filters
 from ..retrievers.fusion import DEFAULT_RRF_K
 from ..retrievers.hybrid import HybridRetriever
-from ..retrievers.qdrant_hybrid import (
-    DENSE_VECTOR,
-    SPARSE_VECTOR,
-    QdrantDenseRetriever,
-    QdrantHybridRetriever,
-    bm25_doc_vector,
-    point_ids_filter,
-    sparse_vectors_config,
-)
+from ..retrievers.qdrant_hybrid import QdrantDenseRetriever, QdrantHybridRetriever, bm25_doc_vector
 from . import storage as _storage
+from . import store as _store
 from .embedding_cache import EmbeddingCache, embed_texts, model_key, text_key
 from .fused_retriever import FusedIndexRetriever
 from .rwlock import ReadWriteLock
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: Folder formats this version opens: 1 (Qdrant local mode in ``qdrant/``, migrated on open), 2 (Qdrant Edge in ``edge/``).
+READABLE_FORMATS = (1, 2)
+STORE_DIR = "edge"
+LEGACY_QDRANT_DIR = "qdrant"
 COLLECTION = "chunks"
 RetrieverMode = Literal["hybrid", "hybrid_score", "hybrid_rrf", "dense", "sparse", "qdrant_hybrid"]
 RETRIEVER_MODES: tuple[str, ...] = ("hybrid", "hybrid_score", "hybrid_rrf", "dense", "sparse", "qdrant_hybrid")
 DENSE_SEARCH: tuple[str, ...] = ("auto", "memory", "qdrant")
-SCROLL_PAGE = 2048
 
 
 def _describe_model(class_name: Optional[str], name: str) -> str:
@@ -183,23 +185,27 @@ _READ_ERRORS = (
 )
 
 
-def _open_qdrant(open_client: Callable[..., QdrantClient], storage: Path, config: Dict[str, Any], api_key: Optional[str]) -> QdrantClient:
-    """``open_client`` (HybridIndex._open_client), where a damaged local-mode store is a
-    DamagedIndexError naming its file."""
+def server_client(url: str, api_key: Optional[str] = None) -> Any:
+    """The ``QdrantClient`` of a Qdrant server or cluster (one place, so tests can stand in
+    qdrant-client's local mode for a server)."""
+    from qdrant_client import QdrantClient
+
+    return QdrantClient(url=url, api_key=api_key)
+
+
+def _open_store(storage: Path, config: Dict[str, Any], api_key: Optional[str], fresh: bool = False) -> Any:
+    """The point store of an index folder: the Edge shard in ``storage/edge`` or the server
+    collection of ``config["qdrant_url"]``. A shard open elsewhere is an IndexBusyError; one the
+    engine cannot read a DamagedIndexError naming it."""
     url = config.get("qdrant_url")
     if url:
-        return open_client(storage, url, api_key)
+        return _store.ServerPoints(server_client(url, api_key), config["collection"], url=url)
     try:
-        return open_client(storage, url, api_key)
-    except (json.JSONDecodeError, *_READ_ERRORS, ValueError) as exc:
-        if isinstance(exc, OSError) and not isinstance(exc, (FileNotFoundError, NotADirectoryError)):
-            raise  # permissions and the like: not damage
-        path = storage / "qdrant"
-        if isinstance(exc, json.JSONDecodeError):
-            path = path / "meta.json"
-        elif isinstance(exc, (sqlite3.DatabaseError, pickle.UnpicklingError, EOFError)):
-            path = path / "collection" / config["collection"] / "storage.sqlite"
-        raise _storage.DamagedIndexError(path, f"cannot be read ({type(exc).__name__}: {exc})", storage) from exc
+        return _store.EdgePoints(storage / STORE_DIR, fresh=fresh)
+    except _store.StoreBusyError:
+        raise IndexBusyError(storage) from None
+    except _store.StoreDamagedError as exc:
+        raise _storage.DamagedIndexError(exc.path, exc.problem, storage) from exc
 
 
 def _read_generation(storage: Path, gen: int, custom_tokenizer: Any) -> tuple[BM25Retriever, SimpleDocumentStore]:
@@ -264,9 +270,9 @@ def document_origin(metadata: Dict[str, Any]) -> Optional[str]:
         return path
 
 
-def _close_quietly(client: Any, cache: Any) -> None:
-    """Close a Qdrant client and an embedding cache, ignoring errors (finalizer of HybridIndex)."""
-    for resource in (client, cache):
+def _close_quietly(store: Any, cache: Any) -> None:
+    """Close a point store and an embedding cache, ignoring errors (finalizer of HybridIndex)."""
+    for resource in (store, cache):
         try:
             resource.close()
         except Exception:  # noqa: BLE001 - best effort at exit
@@ -403,7 +409,7 @@ class HybridIndex:
 
     Build with :meth:`from_documents`, reopen with :meth:`load`, query with
     :meth:`as_retriever` / :meth:`as_query_engine`. Defaults: the packaged offline MiniLM
-    embedding model, :class:`SectionWindowNodeParser`, Qdrant local mode inside ``storage_dir``.
+    embedding model, :class:`SectionWindowNodeParser`, Qdrant Edge inside ``storage_dir``.
     """
 
     def __init__(
@@ -412,7 +418,7 @@ class HybridIndex:
         config: Dict[str, Any],
         embed_model: BaseEmbedding,
         node_parser: NodeParser,
-        client: QdrantClient,
+        store: Any,
         bm25: BM25Retriever,
         docstore: SimpleDocumentStore,
         tokenizer_config: BM25TokenizerConfig,
@@ -421,24 +427,25 @@ class HybridIndex:
         self.config = config
         self.embed_model = embed_model
         self.node_parser = node_parser
-        self.client = client
+        self.store = store  # the point store: indices.store.EdgePoints or ServerPoints
         self.bm25 = bm25
         self.docstore = docstore
         self.tokenizer_config = tokenizer_config
         self.cache = EmbeddingCache(storage_dir / "embeddings.sqlite")
         # An index never closed is closed when it is collected or at interpreter exit, before
         # module teardown (otherwise qdrant-client's __del__ prints a traceback at exit).
-        self._finalizer = weakref.finalize(self, _close_quietly, client, self.cache)
+        self._finalizer = weakref.finalize(self, _close_quietly, store, self.cache)
         self._vector_store: Any = None
         self._dense: Optional[tuple] = None  # (BM25 snapshot, DenseMatrix aligned with it)
         self._dense_lock = threading.Lock()
-        # Write side: an update changing Qdrant/BM25/docstore; read side: queries reading Qdrant.
+        # Write side: an update changing the point store/BM25/docstore; read side: queries reading the store.
         self._rw_lock = ReadWriteLock()
         # One writer at a time, for a whole upsert/delete: this process's threads and other processes.
         self._write_guard = _storage.WriteGuard(Path(storage_dir) / _storage.WRITE_LOCK)
-        self._read_only: Optional[str] = None  # why this object may not write or search Qdrant
+        self._read_only: Optional[str] = None  # why this object may not write or search the point store
+        self._served_elsewhere: Optional[str] = None  # why this object may not write (load(qdrant_url=) of an embedded folder)
         self._write_start_snapshot: Any = None  # the BM25 state the running write started from
-        self._vectors_checked = False  # Qdrant's vectors compared with the embedding cache (once)
+        self._vectors_checked = False  # the store's vectors compared with the embedding cache (once)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -500,18 +507,19 @@ class HybridIndex:
         guard = _storage.WriteGuard(build / _storage.WRITE_LOCK, timeout=0)  # one build per folder at a time
         with guard.hold():
             _prepare_build_folder(build, storage)
-            client = cls._open_client(build, qdrant_url, qdrant_api_key)
+            store = cls._open_store(build, config, qdrant_api_key)
             bm25 = BM25Retriever([], tokenizer_config=tokenizer_config, k1=bm25_k1, b=bm25_b)
             try:
-                index = cls(build, config, embed_model, node_parser, client, bm25, SimpleDocumentStore(), tokenizer_config)
+                index = cls(build, config, embed_model, node_parser, store, bm25, SimpleDocumentStore(), tokenizer_config)
             except BaseException:
-                client.close()
+                store.close()
                 raise
             index._write_guard = guard
             try:
                 index._commit()  # generation 0: empty but valid
                 index.upsert(documents, show_progress=show_progress)
-                if not client.collection_exists(config["collection"]):
+                store.optimize()  # HNSW and payload indexes, once, after the bulk write
+                if not store.exists():
                     # No document gave a chunk: create the collection anyway (dimension from one probe
                     # embedding), so that every retriever mode answers [] instead of "not found".
                     index._ensure_collection(len(embed_model.get_text_embedding("dimension probe")))
@@ -529,7 +537,7 @@ class HybridIndex:
         A replaced index is moved aside (under its write lock, so no write of another process is
         cut in half) and deleted only once the new one is in place.
         """
-        self.client.close()
+        self.store.close()
         self.cache.close()
         old_lock = None
         if (storage / "index.json").exists():
@@ -547,7 +555,9 @@ class HybridIndex:
         self.storage_dir = storage
         self.cache = EmbeddingCache(storage / "embeddings.sqlite")
         self._vector_store = None
-        self.client = self._open_client(storage, self.config.get("qdrant_url"), qdrant_api_key)
+        self.store = self._open_store(storage, self.config, qdrant_api_key)
+        self._finalizer.detach()
+        self._finalizer = weakref.finalize(self, _close_quietly, self.store, self.cache)
 
     @classmethod
     def load(
@@ -557,21 +567,29 @@ class HybridIndex:
         node_parser: Optional[NodeParser] = None,
         qdrant_api_key: Optional[str] = None,
         custom_tokenizer: Any = None,
+        qdrant_url: Optional[str] = None,
     ) -> "HybridIndex":
         """Open an index folder. The embedding model must be the one it was built with.
 
-        **Only open folders you trust**: Qdrant local mode unpickles every point stored in
-        ``qdrant/`` when it opens the folder, so a crafted folder can run code in this process.
-        The checks below catch damage, not malice.
+        Nothing read here is unpickled (see the module docstring). A folder of the first format
+        (Qdrant local mode in ``qdrant/``) is migrated to Qdrant Edge once, on this open, from its
+        docstore and embedding cache, without reading ``qdrant/`` (deleted afterwards); chunks
+        missing from the cache are embedded again. ``rkit migrate DIR`` does the same from the
+        command line.
+
+        ``qdrant_url`` serves an embedded folder from a Qdrant server its points were copied to
+        with :meth:`push_to` (same results); such an object does not write (the folder's own
+        points stay in ``edge/``): ``push_to(url, switch=True)`` moves the folder to the server
+        for good. For a folder built with ``qdrant_url``, it names where the server moved to.
 
         Before anything is used, every value of ``index.json`` is validated, the committed
         generation's BM25 and docstore files are checked against the sha256 recorded at commit
-        (folders written before checksums load unverified until their next write), and Qdrant's
+        (folders written before checksums load unverified until their next write), and the store's
         point count is compared with the BM25 index: a damaged folder is a
         :class:`~.storage.DamagedIndexError` (a ``ValueError``) naming the file and the rebuild
         command. An unfinished write is rolled back; when that cannot be written (disk full,
         read-only folder) the index opens read-only on the committed state, with a warning
-        (dense search from the embedding cache; Qdrant-side search and writes raise
+        (dense search from the embedding cache; store-side search and writes raise
         :class:`~.storage.IndexReadOnlyError`), and a later writable open finishes the roll-back.
         """
         storage = Path(storage_dir)
@@ -584,7 +602,22 @@ class HybridIndex:
                 else ""
             )
             raise ValueError(f"{storage} holds no index.json: build an index there with HybridIndex.from_documents first{hint}")
-        config = _storage.read_manifest(manifest, FORMAT_VERSION)
+        config = _storage.read_manifest(manifest, READABLE_FORMATS)
+        served_elsewhere = None
+        if qdrant_url is not None:
+            if not isinstance(qdrant_url, str) or not qdrant_url.strip():
+                raise ValueError(f"qdrant_url must be a non-empty str, got {qdrant_url!r}")
+            if not config.get("qdrant_url"):
+                if config.get("pending"):
+                    raise ValueError(
+                        f"{storage} has an unfinished write: open it once without qdrant_url= (which rolls it back) "
+                        "before serving it from a server"
+                    )
+                served_elsewhere = (
+                    f"it is served from {qdrant_url} while its own points stay in {storage / STORE_DIR}; "
+                    f"move it to the server for good with HybridIndex.push_to({qdrant_url!r}, switch=True)"
+                )
+            config = {**config, "qdrant_url": qdrant_url}
         built_with = _describe_model(config.get("embed_model_class"), config["embed_model"])
         if embed_model is None:
             embed_model = settings_embed_model()  # LlamaIndex's Settings.embed_model, when the user set one
@@ -607,18 +640,27 @@ class HybridIndex:
         gen = config["generation"]
         verified = _storage.verify_generation(storage, gen, config.get("integrity"), manifest)
         bm25, docstore = _read_generation(storage, gen, custom_tokenizer)
-        client = _open_qdrant(cls._open_client, storage, config, qdrant_api_key)
+        legacy = config["format_version"] == 1 and not config.get("qdrant_url")
+        if legacy and served_elsewhere is not None:  # pragma: no cover - qdrant_url above
+            raise ValueError(f"{storage} is in the old format: open it once without qdrant_url= to migrate it")
+        if not legacy and config.get("qdrant_url") is None and not (storage / STORE_DIR / _store.SCHEMA_FILE).exists() and len(bm25):
+            raise _storage.DamagedIndexError(storage / STORE_DIR, "is missing (the index holds chunks)", storage)
+        # A format-1 folder starts its shard afresh (dropping what an interrupted migration left).
+        store = cls._open_store(storage, config, qdrant_api_key, fresh=legacy)
         try:
-            index = cls(storage, config, embed_model, node_parser, client, bm25, docstore, bm25.tokenizer_config)
+            index = cls(storage, config, embed_model, node_parser, store, bm25, docstore, bm25.tokenizer_config)
         except sqlite3.DatabaseError as exc:
-            client.close()
+            store.close()
             raise _storage.DamagedIndexError(
                 storage / "embeddings.sqlite",
                 f"is not a readable SQLite database ({exc})",
                 storage,
                 repair="it only caches embeddings: delete it and open the index again",
             ) from None
+        index._served_elsewhere = served_elsewhere
         try:
+            if legacy:
+                index._migrate_from_local_mode()
             index._finish_open(verified)
         except BaseException:
             index.close()
@@ -626,21 +668,58 @@ class HybridIndex:
         return index
 
     @staticmethod
-    def _open_client(storage: Path, url: Optional[str], api_key: Optional[str]) -> QdrantClient:
-        if url:
-            return QdrantClient(url=url, api_key=api_key)
-        try:
-            return QdrantClient(path=str(storage / "qdrant"))
-        except RuntimeError as exc:
-            if "already accessed" in str(exc):
-                raise IndexBusyError(storage) from None
-            raise
+    def _open_store(storage: Path, config: Dict[str, Any], api_key: Optional[str], fresh: bool = False) -> Any:
+        return _open_store(storage, config, api_key, fresh=fresh)
+
+    def _migrate_from_local_mode(self) -> None:
+        """Rebuild the points of a format-1 folder in Qdrant Edge, from the committed docstore and
+        the embedding cache, without reading ``qdrant/`` (local mode pickles its points); then
+        record format 2 and delete ``qdrant/``. Interrupted, it starts over on the next open."""
+        storage = self.storage_dir
+        with contextlib.ExitStack() as held:
+            try:
+                held.enter_context(self._write_guard.hold(timeout=0))
+            except (_storage.IndexWriteLockedError, OSError) as exc:
+                raise ValueError(
+                    f"{storage} is in the old index format (Qdrant local mode) and is migrated once when opened, "
+                    f"which needs write access and no other writer ({type(exc).__name__}: {exc}); "
+                    f"when that is possible, run: rkit migrate {storage}"
+                ) from None
+            pending = self.config.get("pending")
+            if pending:  # an unfinished write of the old format: its files go, the points are rebuilt below
+                _storage.remove_path(_storage.bm25_dir(storage, pending["generation"]))
+                _storage.remove_path(_storage.docstore_file(storage, pending["generation"]))
+                self.config["pending"] = None
+            leaves = list(self.bm25.snapshot.nodes)
+            before = len(self.cache)
+            if leaves:
+                vectors = embed_texts(
+                    self.embed_model,
+                    [n.get_content(metadata_mode=MetadataMode.EMBED) for n in leaves],
+                    self.cache,
+                    batch_size=self.config["embed_batch_size"],
+                )
+                self._ensure_collection(vectors.shape[1])
+                self._write_points(leaves, vectors)
+            elif self.config.get("embed_dim"):
+                self._ensure_collection(self.config["embed_dim"])
+            self.store.flush()
+            self.store.optimize()
+            self.config["format_version"] = FORMAT_VERSION
+            _write_json_atomic(storage / "index.json", self.config)
+            _storage.remove_path(storage / LEGACY_QDRANT_DIR)
+            logger.warning(
+                "%s: migrated to Qdrant Edge (%d chunk(s); %d embedded again, the rest from the embedding cache)",
+                storage,
+                len(leaves),
+                len(self.cache) - before,
+            )
 
     def close(self) -> None:
-        """Release the Qdrant local-mode lock and the cache file (after a write running in
+        """Release the point store (its lock) and the cache file (after a write running in
         another thread of this process has finished)."""
         with self._write_guard.hold_local():
-            self.client.close()
+            self.store.close()
             self.cache.close()
             self._finalizer.detach()
 
@@ -697,13 +776,13 @@ class HybridIndex:
         embedded = len(self.cache) - cached_before
         self._ensure_collection(vectors.shape[1] if len(leaves) else None)
 
-        with self._rw_lock.write():  # queries reading Qdrant wait: they see before or after
+        with self._rw_lock.write():  # queries reading the store wait: they see before or after
             self._begin(sorted(old_ids | new_ids))
             try:
                 if leaves:
                     self._write_points(leaves, vectors)
                 if stale:
-                    self.client.delete(self.config["collection"], points_selector=models.PointIdsList(points=sorted(stale)))
+                    self.store.delete_points([_store.point_id(i) for i in sorted(stale)])
                 # BM25: insert_nodes replaces every indexed node of the same documents (one rebuild).
                 emptied = set(ids) - {n.ref_doc_id for n in leaves}
                 for doc_id in emptied:
@@ -729,7 +808,7 @@ class HybridIndex:
         with self._rw_lock.write():
             self._begin(node_ids)
             try:
-                self.client.delete(self.config["collection"], points_selector=models.PointIdsList(points=node_ids))
+                self.store.delete_points([_store.point_id(i) for i in node_ids])
                 self.bm25.delete_ref_doc(doc_id)
                 self.docstore.delete_ref_doc(doc_id, raise_error=False)
                 self._commit()
@@ -754,49 +833,112 @@ class HybridIndex:
         """Each indexed document id with the absolute path of the file it came from (None if unknown)."""
         return {doc_id: self._indexed_origin(doc_id) for doc_id in self.doc_ids()}
 
+    def push_to(
+        self,
+        qdrant_url: str,
+        api_key: Optional[str] = None,
+        collection: Optional[str] = None,
+        overwrite: bool = False,
+        switch: bool = False,
+    ) -> int:
+        """Copy this embedded index's points (vectors and payloads, as stored) into a collection
+        on a Qdrant server or cluster, with the same schema; returns how many were copied.
+
+        Afterwards ``HybridIndex.load(storage_dir, qdrant_url=qdrant_url)`` serves the same
+        results from the server (read-only there). ``switch=True`` moves the folder to the server
+        for good: ``index.json`` records the server, this object writes there from now on and
+        ``edge/`` is deleted. An existing non-empty collection is refused unless ``overwrite``.
+        Qdrant Edge's snapshots are the other route (see docs/architecture.md).
+        """
+        if self.store.kind != "edge":
+            raise ValueError(f"{self.storage_dir} already lives on {self.store.location}; push_to copies an embedded index")
+        if not isinstance(qdrant_url, str) or not qdrant_url.strip():
+            raise ValueError(f"qdrant_url must be a non-empty str, got {qdrant_url!r}")
+        name = collection if collection is not None else self.config["collection"]
+        if not isinstance(name, str) or not _storage.SAFE_NAME.fullmatch(name):
+            raise ValueError(f"collection must be letters, digits, '_' and '-' (at most 128), got {name!r}")
+        if switch and name != self.config["collection"]:
+            raise ValueError("switch=True keeps the index's collection name: leave collection= unset")
+        self._check_writable()
+        target = _store.ServerPoints(server_client(qdrant_url, api_key), name, url=qdrant_url)
+        try:
+            with self._write_guard.hold():
+                with self._rw_lock.read():
+                    if target.exists() and target.count():
+                        if not overwrite:
+                            raise ValueError(
+                                f"{target.location} already holds {target.count()} point(s); pass overwrite=True to replace them"
+                            )
+                        target.client.delete_collection(name)
+                    copied = 0
+                    dim = self.config.get("embed_dim")
+                    if dim:
+                        target.create(dim)
+                    batch: List[Any] = []
+                    for point in self.store.iter_points():
+                        batch.append(point)
+                        if len(batch) >= _store.SERVER_UPSERT_BATCH:
+                            copied += self._copy_batch(target, batch)
+                            batch = []
+                    copied += self._copy_batch(target, batch)
+                    if target.count() != len(self.bm25):
+                        raise RuntimeError(f"{target.location} holds {target.count()} point(s) after the copy, the index {len(self.bm25)}")
+                if switch:
+                    with self._rw_lock.write():
+                        self.config["qdrant_url"] = qdrant_url
+                        _write_json_atomic(self.storage_dir / "index.json", self.config)
+                        old, self.store = self.store, target
+                        self._finalizer.detach()
+                        self._finalizer = weakref.finalize(self, _close_quietly, self.store, self.cache)
+                        self._vector_store = None
+                        old.close()
+                        _storage.remove_path(self.storage_dir / STORE_DIR)
+                        target = None
+        finally:
+            if target is not None:
+                target.close()
+        logger.info("%s: copied %d point(s) to %s%s", self.storage_dir, copied, qdrant_url, " and switched to it" if switch else "")
+        return copied
+
+    @staticmethod
+    def _copy_batch(target: Any, points: Sequence[Any]) -> int:
+        if points:
+            target.upsert_points(
+                [p.point_id for p in points], np.array([p.dense for p in points], dtype=np.float32), [p.sparse for p in points], [p.payload for p in points]
+            )
+        return len(points)
+
     def doc_ids(self) -> List[str]:
         """The ids of the indexed documents."""
         return sorted((self.docstore.get_all_ref_doc_info() or {}).keys())
 
     def _ensure_collection(self, dim: Optional[int]) -> None:
-        name = self.config["collection"]
-        if self.client.collection_exists(name):
+        if self.store.exists():
             if dim is not None and self.config["embed_dim"] not in (None, dim):
                 raise ValueError(f"embedding dimension {dim} differs from the index's {self.config['embed_dim']}")
             return
         if dim is None:
             return
-        self.client.create_collection(
-            name,
-            vectors_config={DENSE_VECTOR: models.VectorParams(size=dim, distance=models.Distance.COSINE)},
-            sparse_vectors_config=sparse_vectors_config(),
-        )
+        self.store.create(dim)
         self.config["embed_dim"] = dim
 
     def _write_points(self, leaves: Sequence[BaseNode], vectors: Any) -> None:
         bm25cfg = self.config["bm25"]
-        # Unit-length vectors: cosine does not care, and Qdrant local mode (qdrant-client 1.20)
-        # normalises vectors on upsert but not when it reloads the collection from disk, so a
-        # model that returns non-unit vectors would score differently after every reopen.
+        # Unit-length vectors: cosine does not care, and the dense matrix read back from any
+        # transport then scores like the engine (Qdrant local mode, for one, normalised on upsert
+        # but not when it reloaded a collection from disk).
         vectors = np.asarray(vectors, dtype=np.float32)
         norms = np.linalg.norm(vectors, axis=1, keepdims=True)
         vectors = vectors / np.where(norms > 0, norms, 1.0)
         tokens = [self.bm25.tokenize(n.get_content()) for n in leaves]
         if bm25cfg["avgdl"] is None:
             bm25cfg["avgdl"] = max(1.0, sum(len(t) for t in tokens) / max(1, len(tokens)))
-        points = [
-            models.PointStruct(
-                id=node.node_id,
-                vector={
-                    DENSE_VECTOR: vec.tolist(),
-                    SPARSE_VECTOR: bm25_doc_vector(tok, bm25cfg["avgdl"], bm25cfg["k1"], bm25cfg["b"]),
-                },
-                payload=node_to_metadata_dict(node, remove_text=False, flat_metadata=False),
-            )
-            for node, vec, tok in zip(leaves, vectors, tokens)
-        ]
-        for i in range(0, len(points), 256):
-            self.client.upsert(self.config["collection"], points=points[i : i + 256], wait=True)
+        self.store.upsert_points(
+            [_store.point_id(node.node_id) for node in leaves],
+            vectors,
+            [bm25_doc_vector(tok, bm25cfg["avgdl"], bm25cfg["k1"], bm25cfg["b"]) for tok in tokens],
+            [node_to_metadata_dict(node, remove_text=False, flat_metadata=False) for node in leaves],
+        )
 
     def _begin(self, touched_ids: Sequence[str]) -> None:
         """Record what the next write touches, so a crash can be rolled back on open.
@@ -813,14 +955,14 @@ class HybridIndex:
         _write_json_atomic(self.storage_dir / "index.json", self.config)
 
     def _recover(self) -> None:
-        """After a failed write: read the committed generation again and roll Qdrant back to it.
+        """After a failed write: read the committed generation again and roll the store back to it.
 
         A write changes BM25 and the docstore in memory before it commits, so without this the
         live object would keep serving the half-done write. When recovery fails too, the journal
         stays in index.json (:meth:`load` rolls back on the next open) and this object turns
         read-only on the committed state: BM25 answers from the state the write started from,
-        dense search from the embedding cache, and Qdrant-side search and writes raise
-        :class:`~.storage.IndexReadOnlyError` (its Qdrant client is closed) until reopened.
+        dense search from the embedding cache, and store-side search and writes raise
+        :class:`~.storage.IndexReadOnlyError` (its point store is closed) until reopened.
         """
         try:
             self._sync_with_disk(reload=True)
@@ -861,18 +1003,20 @@ class HybridIndex:
             self._roll_back(self.config["pending"])
 
     def _enter_read_only(self, reason: str) -> None:
-        """Serve the committed state only (see :meth:`_recover`); Qdrant may hold uncommitted points."""
+        """Serve the committed state only (see :meth:`_recover`); the store may hold uncommitted points."""
         self._read_only = reason
         error = _storage.IndexReadOnlyError(self.storage_dir, reason)
-        self._rw_lock = _storage.RefusingLock(error)  # Qdrant-side retrievers made from now on raise it
+        self._rw_lock = _storage.RefusingLock(error)  # store-side retrievers made from now on raise it
         self._dense = None
         try:
-            self.client.close()  # those made earlier fail too, and the folder's Qdrant lock is free
+            self.store.close()  # those made earlier fail too, and the folder's store lock is free
         except Exception:  # pragma: no cover - closing is best effort here
-            logger.debug("closing the Qdrant client of a read-only index failed", exc_info=True)
+            logger.debug("closing the point store of a read-only index failed", exc_info=True)
         logger.warning("%s", error)
 
     def _check_writable(self) -> None:
+        if self._served_elsewhere is not None:
+            raise _storage.IndexReadOnlyError(self.storage_dir, self._served_elsewhere)
         if self._read_only is not None:
             raise _storage.IndexReadOnlyError(self.storage_dir, self._read_only)
 
@@ -907,11 +1051,9 @@ class HybridIndex:
             )
 
     def _check_point_count(self) -> None:
-        name = self.config["collection"]
-        points = self.client.count(name, exact=True).count if self.client.collection_exists(name) else 0
+        points = self.store.count()
         chunks = len(self.bm25)
-        url = self.config.get("qdrant_url")
-        where = f"Qdrant collection {name!r} at {url}" if url else self.storage_dir / "qdrant"
+        where = self.store.location
         if points != chunks:
             raise _storage.DamagedIndexError(
                 where, f"holds {points} point(s) but the BM25 index holds {chunks} chunk(s)", self.storage_dir
@@ -929,6 +1071,7 @@ class HybridIndex:
         gen = self.config["generation"] + (1 if self.config.get("pending") else 0)
         if not (self.storage_dir / "index.json").exists():
             gen = 0
+        self.store.refresh()  # the points on disk before index.json names the generation; live statistics
         bm25_dir = _storage.bm25_dir(self.storage_dir, gen)
         docstore_file = _storage.docstore_file(self.storage_dir, gen)
         self.bm25.persist(bm25_dir)
@@ -948,7 +1091,7 @@ class HybridIndex:
                     _storage.remove_path(path)
 
     def _roll_back(self, pending: Dict[str, Any]) -> None:
-        """Make Qdrant agree with the committed docstore for the ids an unfinished write touched."""
+        """Make the point store agree with the committed docstore for the ids an unfinished write touched."""
         # ``pending`` passed validate_manifest (storage.py): a list of str ids, generation = committed + 1.
         touched = pending["touched_ids"]
         logger.warning("%s: the last update did not finish; restoring %d chunk(s) of the committed index", self.storage_dir, len(touched))
@@ -956,13 +1099,14 @@ class HybridIndex:
         keep = [docs[i] for i in touched if i in docs]
         keep_ids = {n.node_id for n in keep}
         drop = [i for i in touched if i not in keep_ids]
-        if drop and self.client.collection_exists(self.config["collection"]):
-            self.client.delete(self.config["collection"], points_selector=models.PointIdsList(points=drop))
+        if drop:
+            self.store.delete_points([_store.point_id(i) for i in drop])
         leaves = [n for n in keep if not n.child_nodes]
         if leaves:
             vectors = embed_texts(self.embed_model, [n.get_content(metadata_mode=MetadataMode.EMBED) for n in leaves], self.cache)
             self._ensure_collection(vectors.shape[1])
             self._write_points(leaves, vectors)
+        self.store.refresh()
         self._dense = None
         nxt = pending["generation"]
         _storage.remove_path(_storage.bm25_dir(self.storage_dir, nxt))
@@ -971,19 +1115,32 @@ class HybridIndex:
         try:
             _write_json_atomic(self.storage_dir / "index.json", self.config)
         except OSError as exc:
-            # Qdrant already agrees with the committed state: only the journal is left in index.json
+            # The store already agrees with the committed state: only the journal is left in index.json
             # (rolling back again is harmless), cleared by the next write or writable open.
             logger.warning("%s: rolled back, but could not clear the journal in index.json (%s)", self.storage_dir, exc)
 
     # ------------------------------------------------------------------ reads
     @property
     def vector_store(self) -> Any:
-        """The collection as a LlamaIndex ``QdrantVectorStore`` (dense vectors)."""
+        """The server collection as a LlamaIndex ``QdrantVectorStore`` (dense vectors); an index on
+        a Qdrant server only (``QdrantVectorStore`` needs a qdrant-client)."""
+        if self.store.kind != "server":
+            raise ValueError(
+                f"{self.storage_dir} is embedded (Qdrant Edge): QdrantVectorStore needs a Qdrant server; build or "
+                "open the index with qdrant_url=..., or use as_retriever(mode='dense')"
+            )
         if self._vector_store is None:
             from llama_index.vector_stores.qdrant import QdrantVectorStore
 
-            self._vector_store = QdrantVectorStore(collection_name=self.config["collection"], client=self.client)
+            self._vector_store = QdrantVectorStore(collection_name=self.config["collection"], client=self.store.client)
         return self._vector_store
+
+    @property
+    def client(self) -> Any:
+        """The ``QdrantClient`` of an index on a Qdrant server (an embedded index has none)."""
+        if self.store.kind != "server":
+            raise AttributeError(f"{self.storage_dir} is embedded (Qdrant Edge) and has no QdrantClient; see HybridIndex.store")
+        return self.store.client
 
     def __len__(self) -> int:
         return len(self.bm25)
@@ -1043,7 +1200,7 @@ class HybridIndex:
                     "w / (k + rank); use mode='hybrid_rrf' for weighted fusion"
                 )
             return QdrantHybridRetriever(
-                self.client,
+                self.store,
                 self.config["collection"],
                 self.embed_model,
                 self.bm25.tokenize,
@@ -1091,7 +1248,7 @@ class HybridIndex:
         if self._dense_in_memory(dense_search):
             return ExactDenseRetriever(self.dense_matrix, self.embed_model, similarity_top_k=top_k, filters=filters, **common)
         return QdrantDenseRetriever(
-            self.client,
+            self.store,
             self.config["collection"],
             self.embed_model,
             similarity_top_k=top_k,
@@ -1115,7 +1272,7 @@ class HybridIndex:
                 allowed, excluded = [], []
                 for node in snapshot.nodes:
                     (allowed if metadata_matches(node.metadata, filters) else excluded).append(node.node_id)
-                cache["filter"], cache["snapshot"] = point_ids_filter(allowed, excluded), snapshot
+                cache["filter"], cache["snapshot"] = self.store.ids_filter(allowed, excluded), snapshot
             return cache["filter"]
 
         return point_filter
@@ -1162,27 +1319,18 @@ class HybridIndex:
         return DenseMatrix.build(nodes, np.stack([found[k] for k in keys]))
 
     def _read_dense_matrix(self, snapshot: Any) -> tuple[DenseMatrix, bool]:
-        name = self.config["collection"]
         dim = self.config.get("embed_dim") or 1
         nodes = snapshot.nodes
-        if not nodes or not self.client.collection_exists(name):
+        if not nodes or not self.store.exists():
             return DenseMatrix.build(nodes, np.zeros((len(nodes), dim), dtype=np.float32)), True
-        stored: Dict[str, Any] = {}
-        offset = None
-        with self._rw_lock.read():  # all pages from one state of Qdrant
-            while True:
-                points, offset = self.client.scroll(
-                    name, limit=SCROLL_PAGE, offset=offset, with_payload=False, with_vectors=[DENSE_VECTOR]
-                )
-                for point in points:
-                    stored[str(point.id)] = point.vector[DENSE_VECTOR]
-                if offset is None:
-                    break
-        missing = [n.node_id for n in nodes if n.node_id not in stored]
+        with self._rw_lock.read():  # all pages from one state of the store
+            stored = self.store.dense_vectors()
+        point_ids = [_store.point_id(n.node_id) for n in nodes]
+        missing = [pid for pid in point_ids if pid not in stored]
         extra = len(stored) - (len(nodes) - len(missing))
         vectors = np.zeros((len(nodes), dim), dtype=np.float32)
-        for row, node in enumerate(nodes):
-            vec = stored.get(node.node_id)
+        for row, pid in enumerate(point_ids):
+            vec = stored.get(pid)
             if vec is not None:
                 vectors[row] = vec
         complete = not missing and not extra
@@ -1219,8 +1367,7 @@ class HybridIndex:
         if bad.size:
             self._vectors_checked = False
             node = nodes[rows[int(bad[0])]]
-            url = self.config.get("qdrant_url")
-            where = f"Qdrant collection {self.config['collection']!r} at {url}" if url else self.storage_dir / "qdrant"
+            where = self.store.location
             raise _storage.DamagedIndexError(
                 where,
                 f"{bad.size} point(s) hold a vector that is not their chunk's embedding (e.g. chunk {node.node_id} of "

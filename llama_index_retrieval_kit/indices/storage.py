@@ -34,7 +34,7 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Mapping, Optional
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
 
 logger = logging.getLogger(__name__)
 
@@ -183,10 +183,10 @@ def check_generation(value: Any) -> int:
     return value
 
 
-def validate_manifest(config: Any, path: Path | str, format_version: int, storage_dir: Optional[Path | str] = None) -> Dict[str, Any]:
+def validate_manifest(config: Any, path: Path | str, format_version: int | Sequence[int], storage_dir: Optional[Path | str] = None) -> Dict[str, Any]:
     """``config`` (the parsed ``index.json``) after checking every value ``HybridIndex`` uses.
 
-    A format version other than ``format_version`` is a ``ValueError`` (a newer or older
+    A format version other than ``format_version`` (one, or a sequence of readable ones) is a ``ValueError`` (a newer or older
     layout); anything else wrong (a missing key, a wrong type, an out-of-range number, an unsafe
     collection name, a journal that does not follow the committed generation) is a
     :class:`DamagedIndexError` naming ``path``, the key and the value. Unknown keys are kept.
@@ -197,8 +197,10 @@ def validate_manifest(config: Any, path: Path | str, format_version: int, storag
     if not isinstance(config, dict):
         raise DamagedIndexError(path, f"holds {_short(config)}, not a JSON object", storage)
     version = config.get("format_version")
-    if not _is_int(version) or version != format_version:
-        raise ValueError(f"{path}: format_version {version!r}; this version reads {format_version}")
+    readable = (format_version,) if isinstance(format_version, int) else tuple(format_version)
+    if not _is_int(version) or version not in readable:
+        shown = readable[0] if len(readable) == 1 else " or ".join(str(v) for v in readable)
+        raise ValueError(f"{path}: format_version {version!r}; this version reads {shown}")
 
     gen = check.int_(check.require(config, "generation"), "generation", 0, MAX_GENERATION - 1)
     check.str_(check.require(config, "embed_model"), "embed_model", non_empty=True)
@@ -247,7 +249,7 @@ def validate_manifest(config: Any, path: Path | str, format_version: int, storag
     return config
 
 
-def read_manifest(path: Path | str, format_version: int, storage_dir: Optional[Path | str] = None) -> Dict[str, Any]:
+def read_manifest(path: Path | str, format_version: int | Sequence[int], storage_dir: Optional[Path | str] = None) -> Dict[str, Any]:
     """Parse and validate ``index.json`` (see :func:`validate_manifest`)."""
     path = Path(path)
     storage = Path(storage_dir) if storage_dir is not None else path.parent

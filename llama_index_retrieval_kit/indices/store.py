@@ -44,10 +44,10 @@ from ..retrievers.filters import validate_filters
 
 try:
     import qdrant_edge as qe
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
+except ImportError as exc:  # pragma: no cover - a broken install
     raise ImportError(
-        "llama_index_retrieval_kit.indices.store needs qdrant-edge-py: "
-        "pip install 'llama-index-retrieval-kit[edge]'"
+        "llama_index_retrieval_kit needs qdrant-edge-py==0.9.0 (a core dependency): "
+        "pip install 'qdrant-edge-py==0.9.0'"
     ) from exc
 
 logger = logging.getLogger(__name__)
@@ -596,3 +596,417 @@ class EdgeStore:
             self._shard.flush()
             self._shard.close()
             self._shard = None
+
+
+# --------------------------------------------------------------------------------------------
+# Point stores: the surface HybridIndex writes and searches through, with two transports
+# --------------------------------------------------------------------------------------------
+
+STORE_LOCK = ".store.lock"
+SERVER_UPSERT_BATCH = 256
+SCROLL_PAGE = 2048
+
+
+class StoredPoint(NamedTuple):
+    """One stored point as read back: id, payload, dense vector, sparse ``(indices, values)``."""
+
+    point_id: str
+    payload: Dict[str, Any]
+    dense: List[float]
+    sparse: Tuple[List[int], List[float]]
+
+
+class StoreBusyError(RuntimeError):
+    """The embedded store is open in another process (or another open index of this one)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(f"{path} is open in another process")
+        self.path = path
+
+
+class StoreDamagedError(RuntimeError):
+    """The engine could not open the store's files."""
+
+    def __init__(self, path: Path, problem: str) -> None:
+        super().__init__(f"{path} {problem}")
+        self.path = path
+        self.problem = problem
+
+
+def sparse_parts(vector: Any) -> Tuple[List[int], List[float]]:
+    """``(indices, values)`` of a sparse vector given as qdrant-client ``SparseVector`` (anything
+    with ``.indices`` / ``.values``), ``{index: weight}`` or ``(indices, weights)``."""
+    if hasattr(vector, "indices") and hasattr(vector, "values"):
+        return [int(i) for i in vector.indices], [float(v) for v in vector.values]
+    if isinstance(vector, Mapping):
+        return [int(i) for i in vector.keys()], [float(v) for v in vector.values()]
+    if isinstance(vector, tuple) and len(vector) == 2:
+        return [int(i) for i in vector[0]], [float(v) for v in vector[1]]
+    raise ValueError(f"sparse vector must be a SparseVector, {{index: weight}} or (indices, weights), got {vector!r:.80}")
+
+
+class EdgePoints:
+    """The embedded transport: a Qdrant Edge shard (:class:`EdgeStore` layout) in ``path``.
+
+    Edge keeps its WAL exclusive to one open shard, and a second *failed* open of a shard that is
+    open elsewhere was seen to damage the open one's segments (qdrant-edge-py 0.9.0). So the shard
+    is only ever opened while holding ``path/.store.lock`` (flock): a second open, from this or
+    another process, is a :class:`StoreBusyError` before Edge touches any file.
+    """
+
+    kind = "edge"
+
+    def __init__(self, path: Union[str, Path], fresh: bool = False) -> None:
+        """Open (or prepare) the store in ``path``; ``fresh=True`` deletes a shard found there
+        first (under the lock: never one open elsewhere)."""
+        from .storage import FileLock, IndexWriteLockedError, remove_path
+
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._lock = FileLock(self.path / STORE_LOCK)
+        try:
+            self._lock.acquire(timeout=0)
+        except IndexWriteLockedError:
+            raise StoreBusyError(self.path) from None
+        self._store: Optional[EdgeStore] = None
+        try:
+            if fresh:
+                (self.path / SCHEMA_FILE).unlink(missing_ok=True)
+                remove_path(self.path / SHARD_DIR)
+            schema_file = self.path / SCHEMA_FILE
+            if schema_file.exists():
+                try:
+                    StoreSchema.from_json(schema_file.read_text(encoding="utf-8"), schema_file)
+                except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+                    raise StoreDamagedError(schema_file, f"cannot be read ({type(exc).__name__}: {exc})") from exc
+                try:
+                    self._store = EdgeStore.open(self.path)
+                except Exception as exc:  # the engine's errors are plain Exceptions
+                    raise StoreDamagedError(self.path, f"cannot be opened by Qdrant Edge ({type(exc).__name__}: {exc})") from exc
+        except BaseException:
+            self._lock.release()
+            raise
+
+    @property
+    def location(self) -> str:
+        return str(self.path)
+
+    @property
+    def closed(self) -> bool:
+        return not self._lock.held
+
+    def _check_open(self) -> None:
+        if not self._lock.held:
+            raise RuntimeError(f"the point store {self.path} is closed")
+
+    def _shard(self) -> "qe.EdgeShard":
+        self._check_open()
+        if self._store is None:
+            raise RuntimeError(f"{self.path} holds no shard yet (create() it first)")
+        return self._store.shard
+
+    def exists(self) -> bool:
+        self._check_open()
+        return self._store is not None
+
+    @property
+    def dense_dim(self) -> Optional[int]:
+        return self._store.schema.dense_dim if self._store is not None else None
+
+    def create(self, dense_dim: int) -> None:
+        """Create the shard (dense ``dense_dim``, cosine; sparse with the IDF modifier)."""
+        if self._store is None:
+            self._store = EdgeStore.create(self.path, dense_dim)
+
+    def upsert_points(self, point_ids: Sequence[str], dense: np.ndarray, sparse: Sequence[Any], payloads: Sequence[Mapping[str, Any]]) -> None:
+        """Insert or replace points (ids from :func:`point_id`)."""
+        self._check_open()
+        schema = self._store.schema if self._store is not None else None
+        if schema is None:
+            raise RuntimeError(f"{self.path} holds no shard yet (create() it first)")
+        dense = check_dense(dense, schema.dense_dim, len(point_ids))
+        points = []
+        for pid, vec, sp, payload in zip(point_ids, dense, sparse, payloads):
+            indices, values = sparse_parts(sp)
+            vectors = {schema.dense_name: vec.tolist(), schema.sparse_name: qe.SparseVector(indices, values)}
+            points.append(qe.Point(pid, vectors, dict(payload)))
+        for start in range(0, len(points), UPSERT_BATCH):
+            self._shard().update(qe.UpdateOperation.upsert_points(points[start : start + UPSERT_BATCH]))
+
+    def delete_points(self, point_ids: Sequence[str]) -> None:
+        self._check_open()
+        if point_ids and self._store is not None:
+            self._shard().update(qe.UpdateOperation.delete_points(list(point_ids)))
+
+    def count(self) -> int:
+        self._check_open()
+        return self._store.count() if self._store is not None else 0
+
+    def dense_vectors(self) -> Dict[str, List[float]]:
+        """Every point's dense vector, by point id."""
+        self._check_open()
+        if self._store is None:
+            return {}
+        name = self._store.schema.dense_name
+        out: Dict[str, List[float]] = {}
+        offset = None
+        while True:
+            records, offset = self._shard().scroll(qe.ScrollRequest(limit=SCROLL_PAGE, offset=offset, with_payload=False, with_vector=[name]))
+            for record in records:
+                out[str(record.id)] = record.vector[name]
+            if offset is None:
+                return out
+
+    def iter_points(self) -> Iterable[StoredPoint]:
+        """Every stored point with its payload and both vectors (for checks and copies)."""
+        self._check_open()
+        if self._store is None:
+            return
+        schema = self._store.schema
+        offset = None
+        while True:
+            records, offset = self._shard().scroll(qe.ScrollRequest(limit=SCROLL_PAGE, offset=offset, with_payload=True, with_vector=True))
+            for record in records:
+                vectors = record.vector or {}
+                sparse = vectors.get(schema.sparse_name)
+                parts = sparse_parts(sparse) if sparse is not None else ([], [])
+                yield StoredPoint(str(record.id), dict(record.payload or {}), list(vectors.get(schema.dense_name) or []), parts)
+            if offset is None:
+                return
+
+    def ids_filter(self, allowed_node_ids: Sequence[str], excluded_node_ids: Sequence[str]) -> "qe.Filter":
+        """A filter admitting exactly ``allowed_node_ids`` (the shorter list goes into the request)."""
+        if len(excluded_node_ids) < len(allowed_node_ids):
+            return qe.Filter(must_not=[qe.HasIdCondition({point_id(n) for n in excluded_node_ids})])
+        return qe.Filter(must=[qe.HasIdCondition({point_id(n) for n in allowed_node_ids})])
+
+    def search(
+        self,
+        dense: Optional[Sequence[float]],
+        sparse: Any = None,
+        *,
+        limit: int,
+        prefetch_limit: int = 100,
+        rrf_k: int = 60,
+        filter: Any = None,
+    ) -> List[Tuple[Dict[str, Any], float]]:
+        """``(payload, score)`` of the top ``limit`` points: dense only (``sparse=None``, cosine
+        scores), sparse only (``dense=None``, IDF-weighted dot products), else an RRF of a dense and
+        a sparse prefetch (``1 / (rrf_k + rank)``, ranks from 1; a sparse vector without terms leaves
+        its prefetch out). Scores are float32 (the engine's)."""
+        self._check_open()
+        schema = self._store.schema if self._store is not None else None
+        if schema is None:
+            return []
+        if dense is None:
+            indices, values = sparse_parts(sparse)
+            if not indices:
+                return []
+            query = qe.Query.Nearest(qe.SparseVector(indices, values), using=schema.sparse_name)
+            request = qe.QueryRequest(limit=limit, query=query, filter=filter, with_payload=True, with_vector=False)
+            return [(dict(p.payload or {}), float(p.score)) for p in self._shard().query(request)]
+        vector = [float(x) for x in dense]
+        nearest = qe.Query.Nearest(vector, using=schema.dense_name)
+        if sparse is None:
+            request = qe.QueryRequest(limit=limit, query=nearest, filter=filter, with_payload=True, with_vector=False)
+        else:
+            prefetches = [qe.Prefetch(limit=prefetch_limit, query=nearest, filter=filter)]
+            indices, values = sparse_parts(sparse)
+            if indices:
+                query = qe.Query.Nearest(qe.SparseVector(indices, values), using=schema.sparse_name)
+                prefetches.append(qe.Prefetch(limit=prefetch_limit, query=query, filter=filter))
+            request = qe.QueryRequest(
+                limit=limit, query=qe.Fusion.Rrf(k=int(rrf_k) + 1), prefetches=prefetches, filter=filter, with_payload=True, with_vector=False
+            )
+        return [(dict(p.payload or {}), float(p.score)) for p in self._shard().query(request)]
+
+    def flush(self) -> None:
+        if self._store is not None:
+            self._store.flush()
+
+    def optimize(self) -> None:
+        """Build HNSW and payload indexes (after bulk writes)."""
+        if self._store is not None:
+            self._store.optimize()
+
+    def refresh(self) -> None:
+        """Flush, then reload the shard (keeping the lock). qdrant-edge-py 0.9.0 keeps counting
+        deleted and replaced points in the sparse vectors' IDF statistics (N, n_t) until the shard
+        is loaded again, so a live shard would rank differently from the same shard reopened; a
+        write ends with this, so queries always see the statistics of the stored points."""
+        if self._store is not None:
+            self._store.close()
+            self._store = EdgeStore.open(self.path)
+
+    def close(self) -> None:
+        """Flush and close the shard, then release the lock (idempotent)."""
+        try:
+            if self._store is not None:
+                self._store.close()
+                self._store = None
+        finally:
+            self._lock.release()
+
+
+class ServerPoints:
+    """The server transport: a collection on a Qdrant server or cluster through qdrant-client
+    (also qdrant-client's local mode, which stands in for a server in tests).
+
+    Payloads are written as LlamaIndex's ``QdrantVectorStore`` writes them, so the collection is
+    also readable as a ``QdrantVectorStore``.
+    """
+
+    kind = "server"
+
+    def __init__(self, client: Any, collection: str, url: Optional[str] = None) -> None:
+        self.client = client
+        self.collection = collection
+        self.url = url
+        self._closed = False
+
+    @property
+    def location(self) -> str:
+        return f"Qdrant collection {self.collection!r} at {self.url}" if self.url else f"Qdrant collection {self.collection!r}"
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def exists(self) -> bool:
+        return bool(self.client.collection_exists(self.collection))
+
+    @property
+    def dense_dim(self) -> Optional[int]:
+        if not self.exists():
+            return None
+        vectors = self.client.get_collection(self.collection).config.params.vectors
+        return int(vectors[DENSE_VECTOR].size)
+
+    def create(self, dense_dim: int) -> None:
+        from qdrant_client import models
+
+        if self.exists():
+            return
+        self.client.create_collection(
+            self.collection,
+            vectors_config={DENSE_VECTOR: models.VectorParams(size=dense_dim, distance=models.Distance.COSINE)},
+            sparse_vectors_config={SPARSE_VECTOR: models.SparseVectorParams(modifier=models.Modifier.IDF)},
+        )
+
+    def upsert_points(self, point_ids: Sequence[str], dense: np.ndarray, sparse: Sequence[Any], payloads: Sequence[Mapping[str, Any]]) -> None:
+        from qdrant_client import models
+
+        points = []
+        for pid, vec, sp, payload in zip(point_ids, np.asarray(dense, dtype=np.float32), sparse, payloads):
+            indices, values = sparse_parts(sp)
+            vector = {DENSE_VECTOR: vec.tolist(), SPARSE_VECTOR: models.SparseVector(indices=indices, values=values)}
+            points.append(models.PointStruct(id=pid, vector=vector, payload=dict(payload)))
+        for start in range(0, len(points), SERVER_UPSERT_BATCH):
+            self.client.upsert(self.collection, points=points[start : start + SERVER_UPSERT_BATCH], wait=True)
+
+    def delete_points(self, point_ids: Sequence[str]) -> None:
+        from qdrant_client import models
+
+        if point_ids and self.exists():
+            self.client.delete(self.collection, points_selector=models.PointIdsList(points=list(point_ids)))
+
+    def count(self) -> int:
+        return int(self.client.count(self.collection, exact=True).count) if self.exists() else 0
+
+    def dense_vectors(self) -> Dict[str, List[float]]:
+        if not self.exists():
+            return {}
+        out: Dict[str, List[float]] = {}
+        offset = None
+        while True:
+            points, offset = self.client.scroll(
+                self.collection, limit=SCROLL_PAGE, offset=offset, with_payload=False, with_vectors=[DENSE_VECTOR]
+            )
+            for point in points:
+                out[str(point.id)] = point.vector[DENSE_VECTOR]
+            if offset is None:
+                return out
+
+    def iter_points(self) -> Iterable[StoredPoint]:
+        """Every stored point with its payload and both vectors."""
+        if not self.exists():
+            return
+        offset = None
+        while True:
+            points, offset = self.client.scroll(self.collection, limit=SCROLL_PAGE, offset=offset, with_payload=True, with_vectors=True)
+            for point in points:
+                vectors = point.vector or {}
+                sparse = vectors.get(SPARSE_VECTOR)
+                parts = sparse_parts(sparse) if sparse is not None else ([], [])
+                yield StoredPoint(str(point.id), dict(point.payload or {}), list(vectors.get(DENSE_VECTOR) or []), parts)
+            if offset is None:
+                return
+
+    def ids_filter(self, allowed_node_ids: Sequence[str], excluded_node_ids: Sequence[str]) -> Any:
+        from qdrant_client import models
+
+        if len(excluded_node_ids) < len(allowed_node_ids):
+            if not excluded_node_ids:
+                return models.Filter()
+            return models.Filter(must_not=[models.HasIdCondition(has_id=[point_id(n) for n in excluded_node_ids])])
+        return models.Filter(must=[models.HasIdCondition(has_id=[point_id(n) for n in allowed_node_ids])])
+
+    def search(
+        self,
+        dense: Optional[Sequence[float]],
+        sparse: Any = None,
+        *,
+        limit: int,
+        prefetch_limit: int = 100,
+        rrf_k: int = 60,
+        filter: Any = None,
+    ) -> List[Tuple[Dict[str, Any], float]]:
+        """As :meth:`EdgePoints.search`, through the Query API."""
+        from qdrant_client import models
+
+        if dense is None:
+            indices, values = sparse_parts(sparse)
+            if not indices:
+                return []
+            response = self.client.query_points(
+                collection_name=self.collection,
+                query=models.SparseVector(indices=indices, values=values),
+                using=SPARSE_VECTOR,
+                limit=limit,
+                query_filter=filter,
+                with_payload=True,
+            )
+            return [(dict(p.payload or {}), float(p.score)) for p in response.points]
+        vector = [float(x) for x in dense]
+        if sparse is None:
+            response = self.client.query_points(
+                collection_name=self.collection, query=vector, using=DENSE_VECTOR, limit=limit, query_filter=filter, with_payload=True
+            )
+        else:
+            prefetch = [models.Prefetch(query=vector, using=DENSE_VECTOR, limit=prefetch_limit, filter=filter)]
+            indices, values = sparse_parts(sparse)
+            if indices:
+                sparse_query = models.SparseVector(indices=indices, values=values)
+                prefetch.append(models.Prefetch(query=sparse_query, using=SPARSE_VECTOR, limit=prefetch_limit, filter=filter))
+            response = self.client.query_points(
+                collection_name=self.collection,
+                prefetch=prefetch,
+                query=models.RrfQuery(rrf=models.Rrf(k=int(rrf_k) + 1)),
+                limit=limit,
+                query_filter=filter,
+                with_payload=True,
+            )
+        return [(dict(p.payload or {}), float(p.score)) for p in response.points]
+
+    def flush(self) -> None:
+        """Server writes are acknowledged with ``wait=True``: nothing to flush."""
+
+    def optimize(self) -> None:
+        """The server optimises in the background."""
+
+    def refresh(self) -> None:
+        """Nothing to reload on a server."""
+
+    def close(self) -> None:
+        self._closed = True
+        self.client.close()

@@ -112,6 +112,19 @@ def check_filter_source(filters: Optional[MetadataFilters], point_filter: Any, f
     return filters
 
 
+def points_store(client: Any, collection_name: Optional[str]) -> Any:
+    """The point store a Qdrant retriever searches: ``client`` itself when it is one (an
+    ``EdgePoints`` / ``ServerPoints`` of :mod:`llama_index_retrieval_kit.indices.store`, as
+    ``HybridIndex`` passes), else a ``QdrantClient`` wrapped with ``collection_name``."""
+    if hasattr(client, "search") and hasattr(client, "ids_filter"):
+        return client
+    if not collection_name:
+        raise ValueError("a QdrantClient needs collection_name=")
+    from ..indices.store import ServerPoints
+
+    return ServerPoints(client, collection_name)
+
+
 def sparse_vectors_config() -> dict[str, models.SparseVectorParams]:
     """The sparse vector of a hybrid collection: BM25 weights with Qdrant's IDF modifier."""
     return {SPARSE_VECTOR: models.SparseVectorParams(modifier=models.Modifier.IDF)}
@@ -121,7 +134,8 @@ class QdrantHybridRetriever(CheckedQueryMixin, BaseRetriever):
     """Hybrid retrieval fused by Qdrant itself (scales out with a Qdrant server or cluster).
 
     Args:
-        client: A ``QdrantClient`` (local ``path=...`` or ``url=...``).
+        client: A ``QdrantClient`` (local ``path=...`` or ``url=...``), or the point store of a
+            ``HybridIndex`` (Qdrant Edge or a server, :mod:`~llama_index_retrieval_kit.indices.store`).
         collection_name: A collection with ``text-dense`` and ``text-sparse-new`` vectors, as
             written by :class:`~llama_index_retrieval_kit.HybridIndex`.
         embed_model: The embedding model the dense vectors were made with.
@@ -142,8 +156,8 @@ class QdrantHybridRetriever(CheckedQueryMixin, BaseRetriever):
 
     def __init__(
         self,
-        client: QdrantClient,
-        collection_name: str,
+        client: Any,
+        collection_name: Optional[str],
         embed_model: BaseEmbedding,
         tokenize: Callable[[str], List[str]],
         filter_builder: Optional[Callable[[VectorStoreQuery], Any]] = None,
@@ -165,8 +179,7 @@ class QdrantHybridRetriever(CheckedQueryMixin, BaseRetriever):
         if rrf_k < 0 or int(rrf_k) != rrf_k:
             raise ValueError(f"rrf_k must be a non-negative integer for Qdrant, got {rrf_k}")
         super().__init__(**kwargs)
-        self._client = client
-        self._collection = collection_name
+        self._points = points_store(client, collection_name)
         self._embed_model = embed_model
         self._tokenize = tokenize
         self._filter_builder = filter_builder
@@ -187,23 +200,15 @@ class QdrantHybridRetriever(CheckedQueryMixin, BaseRetriever):
             return self._query(dense, sparse)
 
     def _query(self, dense: Sequence[float], sparse: models.SparseVector) -> List[NodeWithScore]:
-        flt = self._query_filter()
-        prefetch = [models.Prefetch(query=list(dense), using=DENSE_VECTOR, limit=self.candidate_top_k, filter=flt)]
-        if sparse.indices:
-            prefetch.append(models.Prefetch(query=sparse, using=SPARSE_VECTOR, limit=self.candidate_top_k, filter=flt))
-        response = self._client.query_points(
-            collection_name=self._collection,
-            prefetch=prefetch,
-            query=models.RrfQuery(rrf=models.Rrf(k=self.rrf_k + 1)),
+        hits = self._points.search(
+            dense,
+            sparse,
             limit=self.similarity_top_k,
-            query_filter=flt,
-            with_payload=True,
+            prefetch_limit=self.candidate_top_k,
+            rrf_k=self.rrf_k,
+            filter=self._query_filter(),
         )
-        results = []
-        for point in response.points:
-            node = metadata_dict_to_node(point.payload)
-            results.append(NodeWithScore(node=node, score=float(point.score)))
-        return results
+        return [NodeWithScore(node=metadata_dict_to_node(payload), score=score) for payload, score in hits]
 
 
 class QdrantDenseRetriever(CheckedQueryMixin, BaseRetriever):
@@ -215,8 +220,8 @@ class QdrantDenseRetriever(CheckedQueryMixin, BaseRetriever):
 
     def __init__(
         self,
-        client: QdrantClient,
-        collection_name: str,
+        client: Any,
+        collection_name: Optional[str],
         embed_model: BaseEmbedding,
         similarity_top_k: int = 10,
         filters: Optional[MetadataFilters] = None,
@@ -228,8 +233,7 @@ class QdrantDenseRetriever(CheckedQueryMixin, BaseRetriever):
         check_positive_int("similarity_top_k", similarity_top_k)
         filters = check_filter_source(filters, point_filter, filter_builder)
         super().__init__(**kwargs)
-        self._client = client
-        self._collection = collection_name
+        self._points = points_store(client, collection_name)
         self._embed_model = embed_model
         self._filter_builder = filter_builder
         self._point_filter = point_filter
@@ -243,12 +247,5 @@ class QdrantDenseRetriever(CheckedQueryMixin, BaseRetriever):
     def _retrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
         dense = query_embedding(query_bundle, self._embed_model)
         with self._read_guard():
-            response = self._client.query_points(
-                collection_name=self._collection,
-                query=list(dense),
-                using=DENSE_VECTOR,
-                limit=self.similarity_top_k,
-                query_filter=self._query_filter(),
-                with_payload=True,
-            )
-        return [NodeWithScore(node=metadata_dict_to_node(p.payload), score=float(p.score)) for p in response.points]
+            hits = self._points.search(dense, None, limit=self.similarity_top_k, filter=self._query_filter())
+        return [NodeWithScore(node=metadata_dict_to_node(payload), score=score) for payload, score in hits]

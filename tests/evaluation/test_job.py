@@ -474,7 +474,7 @@ def _rerun(report: Path):
     return run_eval(QUESTIONS_FILE, ["hybrid"], report, embed_model=shared_embed_model(), ks=(1, 5), limit_queries=3, show_progress=False)
 
 
-@pytest.mark.parametrize("damaged", ["eval_inputs.json", "qdrant/collection/chunks/storage.sqlite", "index.json"])
+@pytest.mark.parametrize("damaged", ["eval_inputs.json", "edge/store.json", "index.json"])
 def test_a_damaged_index_file_is_rebuilt_from_the_inputs_with_a_warning_naming_it(
     job_copy: Path, damaged: str, caplog: pytest.LogCaptureFixture
 ) -> None:

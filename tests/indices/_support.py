@@ -21,6 +21,7 @@ from llama_index.core.vector_stores.types import MetadataFilters
 
 from llama_index_retrieval_kit.indices import RETRIEVER_MODES, HybridIndex, embed_texts
 from llama_index_retrieval_kit.retrievers.qdrant_hybrid import DENSE_VECTOR, SPARSE_VECTOR, bm25_doc_vector
+from llama_index_retrieval_kit.indices.store import point_id
 from llama_index_retrieval_kit.samples import QUESTIONS_FILE, sample_files
 
 PAGE_CHARS = 1500  # synthetic page size given to the text samples, so page_start varies
@@ -215,22 +216,13 @@ def read_legs(index: HybridIndex) -> Legs:
     parents = {i: n for i, n in docs.items() if n.child_nodes}
     bm25 = {n.node_id: n for n in index.bm25.nodes}
     assert len(bm25) == len(index.bm25), "duplicate node ids inside the BM25 index"
-    collection = index.config["collection"]
     points: Dict[str, object] = {}
-    count = 0
-    if index.client.collection_exists(collection):
-        offset = None
-        while True:
-            records, offset = index.client.scroll(
-                collection, limit=256, offset=offset, with_payload=True, with_vectors=True
-            )
-            for rec in records:
-                assert str(rec.id) not in points, f"point {rec.id} listed twice"
-                points[str(rec.id)] = rec
-            if offset is None:
-                break
-        count = index.client.count(collection, exact=True).count
-    return Legs(leaves, parents, bm25, points, count)
+    for point in index.store.iter_points():
+        node_id = json.loads(point.payload["_node_content"])["id_"]
+        assert point.point_id == point_id(node_id), f"point {point.point_id} does not have node {node_id}'s point id"
+        assert node_id not in points, f"point of node {node_id} listed twice"
+        points[node_id] = point
+    return Legs(leaves, parents, bm25, points, index.store.count())
 
 
 def assert_consistent(index: HybridIndex) -> Legs:
@@ -274,12 +266,12 @@ def assert_consistent(index: HybridIndex) -> Legs:
         payload_text = json.loads(rec.payload["_node_content"])["text"]
         assert payload_text == text, f"stale text in Qdrant for {node_id}"
         assert rec.payload["doc_id"] == node.ref_doc_id
-        dense = np.asarray(rec.vector[DENSE_VECTOR], dtype=np.float32)
+        dense = np.asarray(rec.dense, dtype=np.float32)
         np.testing.assert_allclose(dense, vec / np.linalg.norm(vec), atol=1e-5, err_msg=f"stale dense vector {node_id}")
-        sparse = rec.vector[SPARSE_VECTOR]
+        indices, values = rec.sparse
         want = bm25_doc_vector(index.bm25.tokenize(text), cfg["avgdl"], cfg["k1"], cfg["b"])
-        assert list(sparse.indices) == list(want.indices), f"stale sparse vector {node_id}"
-        np.testing.assert_allclose(sparse.values, want.values, rtol=1e-6)
+        assert list(indices) == list(want.indices), f"stale sparse vector {node_id}"
+        np.testing.assert_allclose(values, want.values, rtol=1e-6)
     return legs
 
 

@@ -186,8 +186,8 @@ def test_cli_query_on_a_busy_index_is_one_line_without_traceback(index_dir: Path
     holder = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(f"""
             import sys, time
-            from qdrant_client import QdrantClient
-            client = QdrantClient(path={str(index_dir / 'qdrant')!r})
+            from llama_index_retrieval_kit.indices.store import EdgePoints
+            store = EdgePoints({str(index_dir / 'edge')!r})  # the shard open in another process
             print('open', flush=True)
             sys.stdin.read()
         """)],
@@ -275,8 +275,8 @@ def test_qdrant_reads_never_see_half_an_update(uuid_index: HybridIndex, monkeypa
 
     retriever = uuid_index.as_retriever("qdrant_hybrid", similarity_top_k=50)
     written = threading.Event()
-    client = uuid_index.client
-    upsert = client.upsert
+    store = uuid_index.store
+    upsert = store.upsert_points
 
     def slow_upsert(*args, **kwargs):
         out = upsert(*args, **kwargs)
@@ -284,7 +284,7 @@ def test_qdrant_reads_never_see_half_an_update(uuid_index: HybridIndex, monkeypa
         time.sleep(0.5)  # Qdrant has the new points; BM25 and the docstore do not yet
         return out
 
-    monkeypatch.setattr(client, "upsert", slow_upsert)
+    monkeypatch.setattr(store, "upsert_points", slow_upsert)
     doc = Document(id_="uuid-9", text="Contract 9. A zephyrquartz clause.", metadata={"doc_id": "contract-9"})
     writer = threading.Thread(target=uuid_index.upsert, args=([doc],))
     writer.start()

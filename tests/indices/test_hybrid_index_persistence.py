@@ -52,7 +52,8 @@ def test_folder_layout_holds_one_committed_generation(index, index_dir: Path) ->
     assert [p.name for p in (index_dir / "bm25").iterdir()] == [f"gen-{gen}"]
     assert [p.name for p in (index_dir / "docstore").iterdir()] == [f"gen-{gen}.json"]
     assert config["embed_model"] == DEFAULT_EMBED_MODEL and config["embed_dim"] == 384
-    assert (index_dir / "qdrant").is_dir() and (index_dir / "embeddings.sqlite").is_file()
+    assert (index_dir / "edge" / "shard").is_dir() and (index_dir / "embeddings.sqlite").is_file()
+    assert not (index_dir / "qdrant").exists() and config["format_version"] == 2
 
 
 def test_embed_model_name_of_the_packaged_model_is_its_hub_id(embed_model) -> None:

@@ -3,12 +3,15 @@ BM25, Qdrant dense, Qdrant sparse / qdrant_hybrid) ends up holding exactly the n
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from llama_index.core.node_parser import get_leaf_nodes
 from llama_index.core.schema import MetadataMode, QueryBundle
 
 from llama_index_retrieval_kit.indices import RETRIEVER_MODES, HybridIndex
-from llama_index_retrieval_kit.retrievers.qdrant_hybrid import SPARSE_VECTOR, bm25_query_vector
+from llama_index_retrieval_kit.indices.store import point_id
+from llama_index_retrieval_kit.retrievers.qdrant_hybrid import bm25_query_vector
 
 from . import _support
 from ._support import CHANGED_DOC
@@ -17,8 +20,7 @@ from ._support import CHANGED_DOC
 def sparse_hits(index: HybridIndex, text: str) -> set:
     """Point ids the Qdrant sparse vectors match for ``text`` (the sparse leg of qdrant_hybrid)."""
     vector = bm25_query_vector(index.bm25.tokenize(text))
-    response = index.client.query_points(index.config["collection"], query=vector, using=SPARSE_VECTOR, limit=1000)
-    return {str(p.id) for p in response.points}
+    return {point_id(json.loads(payload["_node_content"])["id_"]) for payload, _ in index.store.search(None, vector, limit=1000)}
 
 
 def ids_in_every_mode(index: HybridIndex, query: str, embed_model) -> dict:

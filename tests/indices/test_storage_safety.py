@@ -19,7 +19,8 @@ from llama_index.core import Document
 from llama_index.core.embeddings import MockEmbedding
 from llama_index.core.node_parser import get_leaf_nodes
 from llama_index.core.storage.docstore import SimpleDocumentStore
-from qdrant_client import QdrantClient, models
+import numpy as np
+from qdrant_client import QdrantClient
 
 from llama_index_retrieval_kit.indices import HybridIndex
 from llama_index_retrieval_kit.indices import hybrid_index as hybrid_index_module
@@ -30,7 +31,7 @@ from llama_index_retrieval_kit.indices.storage import (
     IndexWriteLockedError,
 )
 from llama_index_retrieval_kit.retrievers import BM25Retriever
-from llama_index_retrieval_kit.retrievers.qdrant_hybrid import DENSE_VECTOR
+from llama_index_retrieval_kit.indices.store import EdgePoints, ServerPoints, point_id
 
 from . import _support
 from ._support import CHANGED_DOC
@@ -139,8 +140,8 @@ def test_concurrent_upserts_and_deletes_from_two_threads(
 
     monkeypatch.setattr(SimpleDocumentStore, "persist", flaky_persist)
     monkeypatch.setattr(BM25Retriever, "persist", slow(BM25Retriever.persist, 0.05))
-    monkeypatch.setattr(index.client, "upsert", slow(index.client.upsert))
-    monkeypatch.setattr(index.client, "delete", slow(index.client.delete))
+    monkeypatch.setattr(index.store, "upsert_points", slow(index.store.upsert_points))
+    monkeypatch.setattr(index.store, "delete_points", slow(index.store.delete_points))
     base_docs = set(index.doc_ids())
     deleted: dict[str, set] = {"a": set(), "b": set()}
     kept: dict[str, set] = {"a": set(), "b": set()}
@@ -207,7 +208,11 @@ def test_two_writers_on_one_folder_sharing_a_qdrant_server(tmp_path: Path, monke
     """Two HybridIndex objects (two processes, in production) on one folder with a Qdrant server:
     each write waits for the other's (``.write.lock``) and starts from the other's commit."""
     server = QdrantClient(path=str(tmp_path / "server"))
-    monkeypatch.setattr(HybridIndex, "_open_client", staticmethod(lambda storage, url, key: SharedServer(server)))
+    monkeypatch.setattr(
+        HybridIndex,
+        "_open_store",
+        staticmethod(lambda storage, config, key, fresh=False: ServerPoints(SharedServer(server), config["collection"], config["qdrant_url"])),
+    )
     model = MockEmbedding(embed_dim=8)
     path = tmp_path / "idx"
     HybridIndex.from_documents(tiny_documents(n=2), path, embed_model=model, qdrant_url="http://qdrant.invalid:6333").close()
@@ -322,28 +327,26 @@ def test_edited_docstore_is_detected(index_dir: Path, embed_model) -> None:
 def test_deleted_qdrant_rows_are_detected(index_dir: Path, embed_model) -> None:
     with HybridIndex.load(index_dir, embed_model=embed_model) as index:
         victims = sorted(_support.qdrant_ids(index))[:3]
-        index.client.delete(index.config["collection"], points_selector=models.PointIdsList(points=victims))
+        index.store.delete_points([point_id(v) for v in victims])
     with pytest.raises(DamagedIndexError, match=r"holds \d+ point\(s\) but the BM25 index holds \d+ chunk") as err:
         HybridIndex.load(index_dir, embed_model=embed_model)
-    assert_damaged(err, index_dir / "qdrant")
+    assert_damaged(err, index_dir / "edge")
 
 
 def test_swapped_vectors_are_detected_when_first_read(index_dir: Path, embed_model, bundles) -> None:
     with HybridIndex.load(index_dir, embed_model=embed_model) as index:
-        collection = index.config["collection"]
-        first, second = sorted(_support.qdrant_ids(index))[:2]
-        records = {str(r.id): r for r in index.client.retrieve(collection, [first, second], with_vectors=[DENSE_VECTOR])}
-        index.client.update_vectors(
-            collection,
-            points=[
-                models.PointVectors(id=first, vector={DENSE_VECTOR: records[second].vector[DENSE_VECTOR]}),
-                models.PointVectors(id=second, vector={DENSE_VECTOR: records[first].vector[DENSE_VECTOR]}),
-            ],
+        first, second = sorted(point_id(i) for i in _support.qdrant_ids(index))[:2]
+        records = {p.point_id: p for p in index.store.iter_points() if p.point_id in (first, second)}
+        index.store.upsert_points(  # the two points' dense vectors swapped, the rest as stored
+            [first, second],
+            np.array([records[second].dense, records[first].dense]),
+            [records[first].sparse, records[second].sparse],
+            [records[first].payload, records[second].payload],
         )
     with HybridIndex.load(index_dir, embed_model=embed_model) as index:  # same point count: opens
         with pytest.raises(DamagedIndexError, match=r"2 point\(s\) hold a vector that is not their chunk's embedding") as err:
             index.as_retriever("hybrid").retrieve(bundles[0])
-        assert_damaged(err, index_dir / "qdrant")
+        assert_damaged(err, index_dir / "edge")
         with pytest.raises(DamagedIndexError):  # every later dense read too, not only the first
             index.as_retriever("dense").retrieve(bundles[1])
 
@@ -364,7 +367,7 @@ def test_a_folder_without_checksums_loads_unverified_until_its_next_write(
 
 @pytest.mark.parametrize(
     "target",
-    ["index.json", "docstore", "embeddings.sqlite", "qdrant_sqlite", "bm25_npy", "bm25_npz", "bm25_nodes"],
+    ["index.json", "docstore", "embeddings.sqlite", "edge_schema", "bm25_npy", "bm25_npz", "bm25_nodes"],
 )
 def test_corrupted_files_are_errors_naming_the_file(index_dir: Path, embed_model, target: str) -> None:
     config = manifest(index_dir)
@@ -375,7 +378,7 @@ def test_corrupted_files_are_errors_naming_the_file(index_dir: Path, embed_model
         "index.json": index_dir / "index.json",
         "docstore": index_dir / "docstore" / f"gen-{gen}.json",
         "embeddings.sqlite": index_dir / "embeddings.sqlite",
-        "qdrant_sqlite": index_dir / "qdrant" / "collection" / "chunks" / "storage.sqlite",
+        "edge_schema": index_dir / "edge" / "store.json",
         "bm25_npy": index_dir / "bm25" / f"gen-{gen}" / "bm25s" / "data.csc.index.npy",
         "bm25_npz": index_dir / "bm25" / f"gen-{gen}" / "tokens.npz",
         "bm25_nodes": index_dir / "bm25" / f"gen-{gen}" / "nodes.json",
@@ -389,9 +392,9 @@ def test_corrupted_files_are_errors_naming_the_file(index_dir: Path, embed_model
         assert "delete it" in str(err.value)
     else:
         assert all(hint in str(err.value) for hint in REPAIR)
-    # The folder's Qdrant lock was released on the way out.
-    if target != "qdrant_sqlite":
-        QdrantClient(path=str(index_dir / "qdrant")).close()
+    # The folder's store lock was released on the way out.
+    if target != "edge_schema":
+        EdgePoints(index_dir / "edge").close()
 
 
 # ---------------------------------------------------------------------------------- 4. interrupted build
@@ -497,8 +500,8 @@ def crash_with_disk_full(index: HybridIndex, monkeypatch: pytest.MonkeyPatch) ->
         return write
 
     monkeypatch.setattr(BM25Retriever, "persist", persist_fails)
-    monkeypatch.setattr(index.client, "upsert", qdrant_write(index.client.upsert))
-    monkeypatch.setattr(index.client, "delete", qdrant_write(index.client.delete))
+    monkeypatch.setattr(index.store, "upsert_points", qdrant_write(index.store.upsert_points))
+    monkeypatch.setattr(index.store, "delete_points", qdrant_write(index.store.delete_points))
 
 
 MEMORY_MODES = ("hybrid", "hybrid_rrf", "dense", "sparse")
@@ -559,8 +562,8 @@ def test_load_opens_read_only_when_the_roll_back_cannot_be_written(
         raise OSError(28, "No space left on device")
 
     with monkeypatch.context() as m:
-        m.setattr(QdrantClient, "upsert", disk_full)
-        m.setattr(QdrantClient, "delete", disk_full)
+        m.setattr(EdgePoints, "upsert_points", disk_full)
+        m.setattr(EdgePoints, "delete_points", disk_full)
         m.setattr(hybrid_index_module, "_write_json_atomic", disk_full)
         with caplog.at_level("WARNING"):
             reopened = HybridIndex.load(index_dir, embed_model=embed_model)
