@@ -152,17 +152,17 @@ class LegRun:
 
 def bm25_leg(table: ChunkTable, queries: Sequence[str], spec: Dict[str, Any], depth: int, token_cache: Dict) -> LegRun:
     """Our BM25Retriever's ranking (same tokenizer, bm25s index and tie order), via its internals."""
-    from llama_index_retrieval_kit.retrievers.bm25 import _BM25Params, _build_snapshot, _top_matches, build_tokenizer
+    from llama_index_retrieval_kit.retrievers.bm25 import BM25Params, build_snapshot, top_matches, build_tokenizer
 
     cfg = tokenizer_config(spec)
     key = (table.label, cfg.stopwords, cfg.stemmer_language)
     tok = build_tokenizer(cfg)
     if key not in token_cache:
         token_cache[key] = [tok(t) for t in table.texts]
-    snap = _build_snapshot(table.nodes, token_cache[key], _BM25Params(k1=float(spec["k1"]), b=float(spec["b"]), method="lucene"))
+    snap = build_snapshot(table.nodes, token_cache[key], BM25Params(k1=float(spec["k1"]), b=float(spec["b"]), method="lucene"))
     idx, scores = [], []
     for q in queries:
-        m = _top_matches(snap, tok(q), depth)
+        m = top_matches(snap, tok(q), depth)
         idx.append(np.array([i for i, _ in m], dtype=np.int64))
         scores.append(np.array([s for _, s in m], dtype=np.float64))
     return LegRun(idx, scores)

@@ -295,7 +295,7 @@ def worker_bm25_build(n: int, workdir: Path) -> None:
 
     # Phase boundaries inside the constructor: wrap the module's helpers (timing only).
     orig_copies = BM25Retriever.__dict__["_checked_copies"].__func__
-    orig_snapshot = bm25_mod._build_snapshot
+    orig_snapshot = bm25_mod.build_snapshot
     orig_index = bm25_mod.bm25s.BM25.index
 
     def copies_wrapper(nodes_):
@@ -319,15 +319,15 @@ def worker_bm25_build(n: int, workdir: Path) -> None:
         return out
 
     BM25Retriever._checked_copies = staticmethod(copies_wrapper)
-    bm25_mod._build_snapshot = snapshot_wrapper
+    bm25_mod.build_snapshot = snapshot_wrapper
     bm25_mod.bm25s.BM25.index = index_wrapper
     cfg = BM25TokenizerConfig()  # English stopwords + English Snowball stemmer (the default)
     retriever = meter.run("build_total", lambda: BM25Retriever(nodes, tokenizer_config=cfg, similarity_top_k=TOP_K))
     BM25Retriever._checked_copies = staticmethod(orig_copies)
-    bm25_mod._build_snapshot = orig_snapshot
+    bm25_mod.build_snapshot = orig_snapshot
     bm25_mod.bm25s.BM25.index = orig_index
 
-    snap = retriever._shared.snapshot
+    snap = retriever.snapshot
     sc = snap.bm25.scores
     index_bytes = int(sum(np.asarray(sc[k]).nbytes for k in ("data", "indices", "indptr")))
     n_tokens = int(sum(len(t) for t in snap.tokens))

@@ -26,3 +26,22 @@ class ChoiceEnum(str, Enum):
             kind = re.sub(r"(?<!^)(?=[A-Z])", " ", cls.__name__).lower()
             allowed = ", ".join(repr(m.value) for m in cls)
             raise ValueError(f"unknown {kind} {value!r}; allowed: {allowed}") from None
+
+
+class RetrieverMode(ChoiceEnum):
+    """The retriever modes of ``HybridIndex.as_retriever`` (also the CLI's ``--mode`` and configs)."""
+
+    HYBRID = "hybrid"
+    HYBRID_SCORE = "hybrid_score"
+    HYBRID_RRF = "hybrid_rrf"
+    DENSE = "dense"
+    SPARSE = "sparse"
+    QDRANT_HYBRID = "qdrant_hybrid"
+
+
+class DenseSearch(ChoiceEnum):
+    """Where the dense leg runs: ``memory`` (exact, numpy), ``qdrant`` (the store), ``auto``."""
+
+    AUTO = "auto"
+    MEMORY = "memory"
+    QDRANT = "qdrant"

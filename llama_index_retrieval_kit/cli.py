@@ -23,6 +23,8 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from ._enums import RetrieverMode
+
 logger = logging.getLogger("llama_index_retrieval_kit")
 
 
@@ -244,7 +246,7 @@ def _same_files_other_ids(index, documents) -> list[tuple[str, str]]:
     return pairs
 
 
-QUERY_MODES = ("hybrid", "hybrid_score", "hybrid_rrf", "dense", "sparse", "qdrant_hybrid")
+QUERY_MODES = tuple(m.value for m in RetrieverMode)
 DEFAULT_QUERY_MODE = "hybrid"
 DEFAULT_QUERY_TOP_K = 5
 

@@ -256,11 +256,9 @@ class RetrieverConfig(_Section):
     @field_validator("mode", mode="after")
     @classmethod
     def _check_mode(cls, value: str) -> str:
-        from .indices import RETRIEVER_MODES
+        from ._enums import RetrieverMode
 
-        if value not in RETRIEVER_MODES:
-            raise ValueError(f"unknown retriever mode {value!r}; allowed: {', '.join(repr(m) for m in RETRIEVER_MODES)}")
-        return value
+        return RetrieverMode.from_str(value).value
 
     @field_validator("weights", mode="after")
     @classmethod
@@ -997,9 +995,9 @@ def build_query_engine(config: PipelineConfig, llm: Any = None, index: Any = Non
     and closed with the engine). Other keywords go to ``RetrieverQueryEngine.from_args``
     (``response_mode``, ``text_qa_template``, ``streaming``, ...).
     """
-    from llama_index.core import Settings
+    from ._settings import settings_llm
 
-    if llm is None and getattr(Settings, "_llm", None) is None:
+    if llm is None and settings_llm() is None:
         raise ValueError(
             "build_query_engine needs an LLM: pass llm=... (any LlamaIndex LLM) or set llama_index.core.Settings.llm; "
             "this package never falls back to a paid API"

@@ -17,6 +17,8 @@ _EXPORTS = {
     "DamagedIndexError": ".storage",
     "IndexReadOnlyError": ".storage",
     "IndexWriteLockedError": ".storage",
+    "EdgePoints": ".store",
+    "ServerPoints": ".store",
 }
 
 __all__ = [
@@ -30,6 +32,8 @@ __all__ = [
     "IndexWriteLockedError",
     "EmbeddingCache",
     "embed_texts",
+    "EdgePoints",
+    "ServerPoints",
 ]
 
 __getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
@@ -44,3 +48,4 @@ if TYPE_CHECKING:  # the real imports, for type checkers and IDEs
         IndexBusyError,
     )
     from .storage import DamagedIndexError, IndexReadOnlyError, IndexWriteLockedError
+    from .store import EdgePoints, ServerPoints

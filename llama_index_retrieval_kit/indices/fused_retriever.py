@@ -94,7 +94,7 @@ class FusedIndexRetriever(CheckedQueryMixin, BaseRetriever):
 
     def _retrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
         laps = Laps() if tracing_enabled() else NO_LAPS
-        snapshot = self._bm25._shared.snapshot
+        snapshot = self._bm25.snapshot
         matrix = self._dense_matrix(snapshot)
         embedding = query_embedding(query_bundle, self._embed_model)
         filters = self._bm25.filters

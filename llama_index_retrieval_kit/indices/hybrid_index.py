@@ -50,7 +50,7 @@ import threading
 import weakref
 import zipfile
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Literal, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 from llama_index.core.base.base_retriever import BaseRetriever
@@ -62,6 +62,8 @@ from llama_index.core.storage.docstore import SimpleDocumentStore
 from llama_index.core.vector_stores.types import MetadataFilters
 from llama_index.core.vector_stores.utils import node_to_metadata_dict
 
+from .._enums import DenseSearch, RetrieverMode
+from .._settings import settings_embed_model, settings_llm
 from ..models import DEFAULT_EMBED_MODEL, default_embed_model, embed_model_name
 from ..node_parser import SectionHierarchyNodeParser, SectionWindowNodeParser
 from ..retrievers.bm25 import BM25Retriever, BM25TokenizerConfig
@@ -85,9 +87,8 @@ READABLE_FORMATS = (1, 2)
 STORE_DIR = "edge"
 LEGACY_QDRANT_DIR = "qdrant"
 COLLECTION = "chunks"
-RetrieverMode = Literal["hybrid", "hybrid_score", "hybrid_rrf", "dense", "sparse", "qdrant_hybrid"]
-RETRIEVER_MODES: tuple[str, ...] = ("hybrid", "hybrid_score", "hybrid_rrf", "dense", "sparse", "qdrant_hybrid")
-DENSE_SEARCH: tuple[str, ...] = ("auto", "memory", "qdrant")
+RETRIEVER_MODES: tuple[str, ...] = tuple(m.value for m in RetrieverMode)
+DENSE_SEARCH: tuple[str, ...] = tuple(m.value for m in DenseSearch)
 
 
 def _describe_model(class_name: Optional[str], name: str) -> str:
@@ -279,17 +280,6 @@ def _close_quietly(store: Any, cache: Any) -> None:
             logger.debug("closing %r at exit failed", resource, exc_info=True)
 
 
-def settings_embed_model() -> Optional[BaseEmbedding]:
-    """``llama_index.core.Settings.embed_model`` when the user set one, else None.
-
-    Read without touching LlamaIndex's lazy default (which would try to build an OpenAI model).
-    """
-    from llama_index.core import Settings
-
-    model = getattr(Settings, "_embed_model", None)
-    return model if isinstance(model, BaseEmbedding) else None
-
-
 def check_document_text(doc: Any) -> None:
     """Refuse a document whose text or string metadata is not valid Unicode (lone surrogates,
     e.g. from ``bytes.decode(errors="surrogateescape")``): tokenizers and JSON cannot take it."""
@@ -337,9 +327,7 @@ COMMON_RETRIEVER_OPTIONS: tuple[str, ...] = ("similarity_top_k", "filters", "cal
 
 def check_retriever_mode(mode: Any) -> str:
     """``mode`` if it names a retriever mode; else a ValueError listing the modes."""
-    if mode not in RETRIEVER_MODES:
-        raise ValueError(f"unknown retriever mode {mode!r}; choose one of {', '.join(RETRIEVER_MODES)}")
-    return mode
+    return RetrieverMode.from_str(mode).value
 
 
 def check_retriever_options(mode: str, options: Dict[str, Any]) -> Dict[str, Any]:
@@ -969,8 +957,7 @@ class HybridIndex:
         except Exception as exc:
             logger.exception("%s: could not roll back the failed write in this process; HybridIndex.load will", self.storage_dir)
             if self._write_start_snapshot is not None:
-                with self.bm25._shared.lock:
-                    self.bm25._shared.snapshot = self._write_start_snapshot
+                self.bm25.restore_snapshot(self._write_start_snapshot)
             self._enter_read_only(f"the roll-back of a failed write could not be done ({type(exc).__name__}: {exc})")
         self._write_start_snapshot = None
 
@@ -992,8 +979,7 @@ class HybridIndex:
             _storage.verify_generation(self.storage_dir, gen, config.get("integrity"), manifest)
             committed, docstore = _read_generation(self.storage_dir, gen, self.tokenizer_config.custom_tokenizer)
             # Swap the state in place, so retrievers made earlier (BM25 views) see it too.
-            with self.bm25._shared.lock:
-                self.bm25._shared.snapshot = committed.snapshot
+            self.bm25.restore_snapshot(committed.snapshot)
             self.docstore = docstore
             self.config = config
             self._dense = None
@@ -1183,8 +1169,7 @@ class HybridIndex:
         given = check_retriever_options(mode, options)
         common = {"callback_manager": callback_manager, "verbose": verbose}
         dense_search = given.get("dense_search", "auto")
-        if dense_search not in DENSE_SEARCH:
-            raise ValueError(f"unknown dense_search {dense_search!r}; choose one of {', '.join(DENSE_SEARCH)}")
+        dense_search = DenseSearch.from_str(dense_search).value
         candidate_top_k = check_positive_int("candidate_top_k", given.get("candidate_top_k", 100))
         rrf_k = given.get("rrf_k", DEFAULT_RRF_K)
         weights = given.get("weights")
@@ -1285,7 +1270,7 @@ class HybridIndex:
         with positions shared with BM25 so that fusion runs on arrays. It holds a second copy of
         the vectors in memory (4 bytes x dimension per chunk: 1.5 GB per million MiniLM chunks).
         """
-        snapshot = snapshot if snapshot is not None else self.bm25._shared.snapshot
+        snapshot = snapshot if snapshot is not None else self.bm25.snapshot
         cached = self._dense
         if cached is not None and cached[0] is snapshot:
             return cached[1]
@@ -1384,11 +1369,10 @@ class HybridIndex:
         ``text_qa_template``, ``streaming``, ...); ``callback_manager`` and ``verbose`` go to both.
         A keyword neither takes is refused (``TypeError``), never dropped.
         """
-        from llama_index.core import Settings
         from llama_index.core.query_engine import RetrieverQueryEngine
 
         retriever_kwargs, engine_kwargs = split_query_engine_kwargs(mode, kwargs)
-        if llm is None and getattr(Settings, "_llm", None) is None:
+        if llm is None and settings_llm() is None:
             raise ValueError(
                 "as_query_engine needs an LLM: pass llm=... (any LlamaIndex LLM) or set "
                 "llama_index.core.Settings.llm; this package never falls back to a paid API"

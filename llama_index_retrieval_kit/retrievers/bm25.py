@@ -273,7 +273,7 @@ class PackedTokens(Sequence[Tuple[str, ...]]):
 
 
 @dataclass(frozen=True, eq=False)
-class _Snapshot:
+class BM25Snapshot:
     """An immutable state of the index: nodes, their bm25s index and tie-break order."""
 
     nodes: Tuple[BaseNode, ...]
@@ -288,19 +288,19 @@ class _SharedIndex:
     Queries read ``snapshot`` once; writers build a new snapshot and swap it in under ``lock``.
     """
 
-    def __init__(self, snapshot: _Snapshot) -> None:
+    def __init__(self, snapshot: BM25Snapshot) -> None:
         self.snapshot = snapshot
         self.lock = threading.Lock()
 
 
 @dataclass(frozen=True)
-class _BM25Params:
+class BM25Params:
     k1: float
     b: float
     method: str
 
 
-def _build_snapshot(nodes: Sequence[BaseNode], tokens: Sequence[Sequence[str]], params: _BM25Params) -> _Snapshot:
+def build_snapshot(nodes: Sequence[BaseNode], tokens: Sequence[Sequence[str]], params: BM25Params) -> BM25Snapshot:
     """Index ``nodes`` (already tokenized as ``tokens``) with bm25s."""
     packed = PackedTokens.pack(tokens)
     bm25: Optional[bm25s.BM25] = None
@@ -309,7 +309,7 @@ def _build_snapshot(nodes: Sequence[BaseNode], tokens: Sequence[Sequence[str]], 
         # create_empty_token=False: bm25s would otherwise add a "" term that is not in its score
         # matrix (and crash on an all-empty corpus).
         bm25.index(packed.as_lists(), create_empty_token=False, show_progress=False)
-    return _Snapshot(nodes=tuple(nodes), bm25=bm25, tie_order=_tie_order(nodes), tokens=packed)
+    return BM25Snapshot(nodes=tuple(nodes), bm25=bm25, tie_order=_tie_order(nodes), tokens=packed)
 
 
 def _tie_order(nodes: Sequence[BaseNode]) -> np.ndarray:
@@ -330,7 +330,7 @@ def _check_unique_ids(nodes: Sequence[BaseNode]) -> None:
 
 
 def top_bm25_positions(
-    snapshot: _Snapshot,
+    snapshot: BM25Snapshot,
     query_tokens: Sequence[str],
     top_k: int,
     filters: Optional[MetadataFilters] = None,
@@ -370,8 +370,8 @@ def top_bm25_positions(
     return best.astype(np.int64, copy=False), scores[best].astype(np.float64)
 
 
-def _top_matches(
-    snapshot: _Snapshot,
+def top_matches(
+    snapshot: BM25Snapshot,
     query_tokens: Sequence[str],
     top_k: int,
     filters: Optional[MetadataFilters] = None,
@@ -446,12 +446,12 @@ class BM25Retriever(BaseRetriever):
             raise ValueError(f"tokenizer_config must be a BM25TokenizerConfig, got {type(tokenizer_config).__name__}")
         self._tokenizer_config = tokenizer_config
         self._tokenize = build_tokenizer(tokenizer_config)
-        self._params = _BM25Params(k1=float(k1), b=float(b), method=method)
+        self._params = BM25Params(k1=float(k1), b=float(b), method=method)
         self._metadata_mode = MetadataMode(metadata_mode)
         self._similarity_top_k = similarity_top_k
         self._filters = validate_filters(filters)
         nodes = self._checked_copies(nodes)
-        self._shared = _SharedIndex(_build_snapshot(nodes, [self._tokens_of(n) for n in nodes], self._params))
+        self._shared = _SharedIndex(build_snapshot(nodes, [self._tokens_of(n) for n in nodes], self._params))
 
     @classmethod
     def from_nodes(
@@ -530,10 +530,18 @@ class BM25Retriever(BaseRetriever):
         return view
 
     @property
-    def snapshot(self) -> _Snapshot:
+    def snapshot(self) -> BM25Snapshot:
         """The current immutable state (nodes in index order, bm25s index); an update swaps in a
         new one, so holding this object pins one consistent state."""
         return self._shared.snapshot
+
+    def restore_snapshot(self, snapshot: BM25Snapshot) -> None:
+        """Make ``snapshot`` (from :attr:`snapshot`, of this index or one loaded from its folder)
+        the state every view of this index answers from, atomically (roll-backs of a failed write)."""
+        if not isinstance(snapshot, BM25Snapshot):
+            raise TypeError(f"snapshot must be a BM25Snapshot, got {type(snapshot).__name__}")
+        with self._shared.lock:
+            self._shared.snapshot = snapshot
 
     # ----- retrieval --------------------------------------------------------------------------
 
@@ -548,7 +556,7 @@ class BM25Retriever(BaseRetriever):
     def _retrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
         query = check_query_text(query_bundle.query_str)
         snapshot = self._shared.snapshot
-        matches = _top_matches(snapshot, self._tokenize(query), self._similarity_top_k, self._filters)
+        matches = top_matches(snapshot, self._tokenize(query), self._similarity_top_k, self._filters)
         logger.debug("bm25 query %r: %d results", query_bundle.query_str[:80], len(matches))
         return [NodeWithScore(node=copy_node(snapshot.nodes[i]), score=score) for i, score in matches]
 
@@ -592,7 +600,7 @@ class BM25Retriever(BaseRetriever):
                 old_tokens = PackedTokens.pack([self._tokens_of(n) for n in old.nodes])
             nodes = [old.nodes[i] for i in kept] + incoming
             tokens = old_tokens.select(kept).extend([self._tokens_of(n) for n in incoming])
-            self._shared.snapshot = _build_snapshot(nodes, tokens, self._params)
+            self._shared.snapshot = build_snapshot(nodes, tokens, self._params)
         logger.info("bm25 index rebuilt: %d removed, %d added, %d nodes", removed, len(incoming), len(nodes))
         return removed
 
@@ -709,6 +717,6 @@ class BM25Retriever(BaseRetriever):
             tokens = PackedTokens.load(folder)
             if len(tokens) != len(nodes):
                 raise ValueError(f"{folder}: {_TOKEN_IDS_FILE} holds tokens of {len(tokens)} nodes, expected {len(nodes)}")
-        retriever._shared = _SharedIndex(_Snapshot(nodes=tuple(nodes), bm25=bm25, tie_order=_tie_order(nodes), tokens=tokens))
+        retriever._shared = _SharedIndex(BM25Snapshot(nodes=tuple(nodes), bm25=bm25, tie_order=_tie_order(nodes), tokens=tokens))
         logger.info("bm25 index with %d nodes loaded from %s", len(nodes), folder)
         return retriever

@@ -86,7 +86,7 @@ def test_other_methods_return_only_overlapping_nodes(corpus: List[TextNode], met
 def test_matches_agree_with_a_brute_force_oracle(nodes: List[TextNode], query: str, method: str, top_k: int) -> None:
     # Oracle: every node sharing a query term with a positive bm25s score, by (-score, node id).
     bm25 = BM25Retriever.from_nodes(nodes, tokenizer_config=PLAIN, method=method, similarity_top_k=top_k)
-    snapshot = bm25._shared.snapshot
+    snapshot = bm25.snapshot
     terms = bm25.tokenize(query)
     expected: List[Tuple[str, float]] = []
     if snapshot.bm25 is not None:

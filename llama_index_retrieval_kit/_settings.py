@@ -1,0 +1,26 @@
+"""What the user set on LlamaIndex's global ``Settings``, read without building its defaults.
+
+``Settings.llm`` / ``Settings.embed_model`` build OpenAI models on first access when nothing was
+set, and LlamaIndex has no public "was it set?" query; so this module, and only this one, reads
+the two slots behind those properties. This package never falls back to a paid API.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+
+def settings_embed_model() -> Optional[Any]:
+    """``Settings.embed_model`` when the user set one (a ``BaseEmbedding``), else None."""
+    from llama_index.core import Settings
+    from llama_index.core.base.embeddings.base import BaseEmbedding
+
+    model = getattr(Settings, "_embed_model", None)
+    return model if isinstance(model, BaseEmbedding) else None
+
+
+def settings_llm() -> Optional[Any]:
+    """``Settings.llm`` when the user set one, else None."""
+    from llama_index.core import Settings
+
+    return getattr(Settings, "_llm", None)
