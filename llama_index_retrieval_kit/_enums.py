@@ -45,3 +45,11 @@ class DenseSearch(ChoiceEnum):
     AUTO = "auto"
     MEMORY = "memory"
     QDRANT = "qdrant"
+
+
+class EngineFusion(ChoiceEnum):
+    """Fusion run inside Qdrant (``mode="qdrant_hybrid"``): ``rrf`` (reciprocal rank fusion) or
+    ``dbsf`` (distribution-based score fusion: each leg's scores normalised by mean +- 3 sd, summed)."""
+
+    RRF = "rrf"
+    DBSF = "dbsf"

@@ -62,7 +62,7 @@ from llama_index.core.storage.docstore import SimpleDocumentStore
 from llama_index.core.vector_stores.types import MetadataFilters
 from llama_index.core.vector_stores.utils import node_to_metadata_dict
 
-from .._enums import DenseSearch, RetrieverMode
+from .._enums import DenseSearch, EngineFusion, RetrieverMode
 from .._settings import settings_embed_model, settings_llm
 from ..models import DEFAULT_EMBED_MODEL, default_embed_model, embed_model_name
 from ..node_parser import SectionHierarchyNodeParser, SectionWindowNodeParser
@@ -320,7 +320,7 @@ RETRIEVER_OPTIONS: Dict[str, tuple[str, ...]] = {
     "hybrid_rrf": ("candidate_top_k", "rrf_k", "weights", "dense_search"),
     "dense": ("dense_search",),
     "sparse": (),
-    "qdrant_hybrid": ("candidate_top_k", "rrf_k", "weights"),
+    "qdrant_hybrid": ("candidate_top_k", "rrf_k", "weights", "fusion"),
 }
 COMMON_RETRIEVER_OPTIONS: tuple[str, ...] = ("similarity_top_k", "filters", "callback_manager", "verbose")
 
@@ -1157,7 +1157,8 @@ class HybridIndex:
         :func:`~llama_index_retrieval_kit.retrievers.filters.metadata_matches`, and Qdrant is
         asked for exactly the matching chunks. Further options, per mode (:data:`RETRIEVER_OPTIONS`):
         ``candidate_top_k`` (each leg's depth, default 100), ``weights`` (per leg, ``[bm25,
-        dense]``), ``rrf_k`` (default 60), ``dense_search``: ``"memory"`` (exact cosine over the
+        dense]``), ``rrf_k`` (default 60), ``fusion`` (``qdrant_hybrid``: ``"rrf"``, the default, or
+        ``"dbsf"``), ``dense_search``: ``"memory"`` (exact cosine over the
         stored vectors in numpy; fused modes then fuse in arrays), ``"qdrant"`` (Qdrant's own
         search) or ``"auto"`` (memory in local mode, Qdrant for a server). An option a mode does
         not use is refused (``ValueError``), an unknown one too (``TypeError``); ``None`` means
@@ -1192,6 +1193,7 @@ class HybridIndex:
                 similarity_top_k=similarity_top_k,
                 candidate_top_k=depth,
                 rrf_k=rrf_k,  # QdrantHybridRetriever rejects a non-integer k instead of truncating it
+                fusion=self._engine_fusion(given),
                 filters=filters,
                 point_filter=self._point_filter(filters),
                 read_guard=self._rw_lock.read,
@@ -1220,6 +1222,13 @@ class HybridIndex:
             similarity_top_k=similarity_top_k,
             **common,
         )
+
+    @staticmethod
+    def _engine_fusion(given: Dict[str, Any]) -> str:
+        fusion = EngineFusion.from_str(given.get("fusion", "rrf")).value
+        if fusion == "dbsf" and "rrf_k" in given:
+            raise ValueError(f"rrf_k ({given['rrf_k']!r}) has no part in fusion='dbsf'; leave it out or use fusion='rrf'")
+        return fusion
 
     def _dense_in_memory(self, dense_search: str) -> bool:
         return dense_search == "memory" or (dense_search == "auto" and not self.config.get("qdrant_url"))

@@ -789,11 +789,13 @@ class EdgePoints:
         prefetch_limit: int = 100,
         rrf_k: int = 60,
         filter: Any = None,
+        fusion: str = "rrf",
     ) -> List[Tuple[Dict[str, Any], float]]:
         """``(payload, score)`` of the top ``limit`` points: dense only (``sparse=None``, cosine
         scores), sparse only (``dense=None``, IDF-weighted dot products), else an RRF of a dense and
-        a sparse prefetch (``1 / (rrf_k + rank)``, ranks from 1; a sparse vector without terms leaves
-        its prefetch out). Scores are float32 (the engine's)."""
+        a sparse prefetch fused by ``fusion``: ``"rrf"`` (``1 / (rrf_k + rank)``, ranks from 1) or
+        ``"dbsf"`` (each leg's scores normalised by mean +- 3 standard deviations, then summed); a
+        sparse vector without terms leaves its prefetch out. Scores are float32 (the engine's)."""
         self._check_open()
         schema = self._store.schema if self._store is not None else None
         if schema is None:
@@ -815,9 +817,8 @@ class EdgePoints:
             if indices:
                 query = qe.Query.Nearest(qe.SparseVector(indices, values), using=schema.sparse_name)
                 prefetches.append(qe.Prefetch(limit=prefetch_limit, query=query, filter=filter))
-            request = qe.QueryRequest(
-                limit=limit, query=qe.Fusion.Rrf(k=int(rrf_k) + 1), prefetches=prefetches, filter=filter, with_payload=True, with_vector=False
-            )
+            fused = qe.Fusion.Dbsf() if fusion == "dbsf" else qe.Fusion.Rrf(k=int(rrf_k) + 1)
+            request = qe.QueryRequest(limit=limit, query=fused, prefetches=prefetches, filter=filter, with_payload=True, with_vector=False)
         return [(dict(p.payload or {}), float(p.score)) for p in self._shard().query(request)]
 
     def flush(self) -> None:
@@ -960,6 +961,7 @@ class ServerPoints:
         prefetch_limit: int = 100,
         rrf_k: int = 60,
         filter: Any = None,
+        fusion: str = "rrf",
     ) -> List[Tuple[Dict[str, Any], float]]:
         """As :meth:`EdgePoints.search`, through the Query API."""
         from qdrant_client import models
@@ -991,7 +993,9 @@ class ServerPoints:
             response = self.client.query_points(
                 collection_name=self.collection,
                 prefetch=prefetch,
-                query=models.RrfQuery(rrf=models.Rrf(k=int(rrf_k) + 1)),
+                query=(
+                    models.FusionQuery(fusion=models.Fusion.DBSF) if fusion == "dbsf" else models.RrfQuery(rrf=models.Rrf(k=int(rrf_k) + 1))
+                ),
                 limit=limit,
                 query_filter=filter,
                 with_payload=True,

@@ -146,6 +146,8 @@ class QdrantHybridRetriever(CheckedQueryMixin, BaseRetriever):
         similarity_top_k: Results returned.
         candidate_top_k: Depth of each leg before fusion.
         rrf_k: RRF constant in our convention (ranks from 1).
+        fusion: ``"rrf"`` (default) or ``"dbsf"`` (Qdrant's distribution-based score fusion;
+            ``rrf_k`` then plays no part).
         filters: Metadata filters for every query (validated here).
         point_filter: Called once per query, returns the Qdrant filter that implements
             ``filters`` (takes precedence over ``filter_builder``). ``HybridIndex`` passes one
@@ -167,10 +169,14 @@ class QdrantHybridRetriever(CheckedQueryMixin, BaseRetriever):
         filters: Optional[MetadataFilters] = None,
         point_filter: Optional[Callable[[], Optional[models.Filter]]] = None,
         read_guard: Optional[Callable[[], ContextManager[Any]]] = None,
+        fusion: str = "rrf",
         **kwargs: Any,
     ) -> None:
+        from .._enums import EngineFusion
+
         check_positive_int("similarity_top_k", similarity_top_k)
         check_positive_int("candidate_top_k", candidate_top_k)
+        self.fusion = EngineFusion.from_str(fusion).value
         if isinstance(rrf_k, bool) or not isinstance(rrf_k, (int, float)):
             raise ValueError(f"rrf_k must be a non-negative integer for Qdrant, got {rrf_k!r}")
         filters = check_filter_source(filters, point_filter, filter_builder)
@@ -207,6 +213,7 @@ class QdrantHybridRetriever(CheckedQueryMixin, BaseRetriever):
             prefetch_limit=self.candidate_top_k,
             rrf_k=self.rrf_k,
             filter=self._query_filter(),
+            fusion=self.fusion,
         )
         return [NodeWithScore(node=metadata_dict_to_node(payload), score=score) for payload, score in hits]
 

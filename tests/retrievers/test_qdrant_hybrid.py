@@ -220,3 +220,22 @@ def test_query_of_stopwords_only_uses_the_dense_leg_in_both(qindex: HybridIndex,
     ours = qindex.as_retriever("hybrid_rrf", similarity_top_k=5).retrieve(qb)
     _support.assert_same_ranking(_support.ranking(native), _support.ranking(ours), tol=1e-8, truncated=True)
     assert all(set(r.leg_ranks) == {"dense"} for r in ours)
+
+
+def test_qdrant_hybrid_fusion_dbsf_is_an_option_and_checked(qindex: HybridIndex, bundles) -> None:
+    dbsf = qindex.as_retriever("qdrant_hybrid", fusion="dbsf", similarity_top_k=ALL)
+    assert isinstance(dbsf, QdrantHybridRetriever) and dbsf.fusion == "dbsf"
+    for qb in bundles[:5]:
+        fused = dbsf.retrieve(qb)
+        legs = {r.node.node_id for mode in ("sparse", "dense") for r in qindex.as_retriever(mode, similarity_top_k=ALL).retrieve(qb)}
+        scores = [r.score for r in fused]
+        assert fused and scores == sorted(scores, reverse=True) and {r.node.node_id for r in fused} <= legs
+        rrf = [r.node.node_id for r in qindex.as_retriever("qdrant_hybrid", similarity_top_k=ALL).retrieve(qb)]
+        assert sorted(rrf) == sorted(r.node.node_id for r in fused)  # same candidates, another fusion
+        assert max(scores) > 0.5  # DBSF sums normalised scores in [0, 1] per leg, RRF stays below 2 / 61
+    with pytest.raises(ValueError, match="has no part in fusion='dbsf'"):
+        qindex.as_retriever("qdrant_hybrid", fusion="dbsf", rrf_k=10)
+    with pytest.raises(ValueError, match="unknown engine fusion 'max'; allowed: 'rrf', 'dbsf'"):
+        qindex.as_retriever("qdrant_hybrid", fusion="max")
+    with pytest.raises(ValueError, match="fusion"):
+        qindex.as_retriever("hybrid", fusion="dbsf")  # an option of another mode
