@@ -230,14 +230,15 @@ def _read_generation(storage: Path, gen: int, custom_tokenizer: Any) -> tuple[BM
 
 
 class IndexBusyError(RuntimeError):
-    """The index folder is open elsewhere (embedded Qdrant allows one open index per folder)."""
+    """The index folder is open elsewhere (the embedded Qdrant Edge shard opens in one place at a time)."""
 
     def __init__(self, storage_dir: Path) -> None:
         self.storage_dir = Path(storage_dir)
         super().__init__(
             f"index {storage_dir} is open in another process (or another HybridIndex in this one) and the "
             "embedded store allows one at a time: close the other one (index.close(), or end that process), "
-            "or serve the index from a Qdrant server and open it with qdrant_url=..."
+            "or, for several workers, copy it to a Qdrant server with index.push_to(url) (rkit index --push URL) "
+            "and open it with HybridIndex.load(dir, qdrant_url=url)"
         )
 
 
