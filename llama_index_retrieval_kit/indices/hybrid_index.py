@@ -1358,7 +1358,7 @@ class HybridIndex:
         expected = np.stack([cached[keys[i]] for i in rows]).astype(np.float32)
         stored /= np.maximum(np.linalg.norm(stored, axis=1, keepdims=True), 1e-12)
         expected /= np.maximum(np.linalg.norm(expected, axis=1, keepdims=True), 1e-12)
-        bad = np.flatnonzero((stored * expected).sum(axis=1) < 0.99)
+        bad = np.flatnonzero(~((stored * expected).sum(axis=1) >= 0.99))  # NaN (garbage bytes) is bad too
         if bad.size:
             self._vectors_checked = False
             node = nodes[rows[int(bad[0])]]

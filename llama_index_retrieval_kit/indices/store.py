@@ -26,6 +26,7 @@ float, int within +-2**53 (Qdrant ranges compare in float64), and lists of those
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -34,7 +35,7 @@ import re
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 from llama_index.core.schema import TextNode
@@ -624,13 +625,48 @@ class StoreBusyError(RuntimeError):
         self.path = path
 
 
-class StoreDamagedError(RuntimeError):
-    """The engine could not open the store's files."""
+def _damaged_error_base() -> type:
+    from .storage import DamagedIndexError
+
+    return DamagedIndexError
+
+
+class StoreDamagedError(_damaged_error_base()):  # type: ignore[misc]
+    """The engine could not read the store's files (a ``DamagedIndexError``: ``rkit`` exit 4)."""
 
     def __init__(self, path: Path, problem: str) -> None:
-        super().__init__(f"{path} {problem}")
+        storage_dir = path.parent if path.name != SCHEMA_FILE else path.parent.parent
+        super().__init__(path, problem, storage_dir)
         self.path = path
         self.problem = problem
+
+
+def is_engine_error(exc: BaseException) -> bool:
+    """An error raised inside Qdrant Edge: its errors are bare ``Exception``s and its Rust panics
+    ``pyo3_runtime.PanicException`` (a ``BaseException``, which ``except Exception`` misses)."""
+    return type(exc) is Exception or type(exc).__name__ == "PanicException"
+
+
+@contextlib.contextmanager
+def engine_reads(path: Path, what: str) -> Iterator[None]:
+    """Engine errors while reading ``path`` become a :class:`StoreDamagedError` naming it."""
+    try:
+        yield
+    except BaseException as exc:
+        if is_engine_error(exc):
+            raise StoreDamagedError(path, f"could not be {what} by Qdrant Edge ({type(exc).__name__}: {str(exc)[:300]})") from exc
+        raise
+
+
+@contextlib.contextmanager
+def engine_writes(path: Path) -> Iterator[None]:
+    """An engine panic while writing becomes a RuntimeError (handled like any failed write)."""
+    try:
+        yield
+    except BaseException as exc:
+        if type(exc).__name__ == "PanicException":
+            raise RuntimeError(f"Qdrant Edge failed writing {path}: {str(exc)[:300]}") from exc
+        raise
 
 
 def sparse_parts(vector: Any) -> Tuple[List[int], List[float]]:
@@ -679,10 +715,8 @@ class EdgePoints:
                     StoreSchema.from_json(schema_file.read_text(encoding="utf-8"), schema_file)
                 except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
                     raise StoreDamagedError(schema_file, f"cannot be read ({type(exc).__name__}: {exc})") from exc
-                try:
+                with engine_reads(self.path, "opened"):
                     self._store = EdgeStore.open(self.path)
-                except Exception as exc:  # the engine's errors are plain Exceptions
-                    raise StoreDamagedError(self.path, f"cannot be opened by Qdrant Edge ({type(exc).__name__}: {exc})") from exc
         except BaseException:
             self._lock.release()
             raise
@@ -731,16 +765,21 @@ class EdgePoints:
             vectors = {schema.dense_name: vec.tolist(), schema.sparse_name: qe.SparseVector(indices, values)}
             points.append(qe.Point(pid, vectors, dict(payload)))
         for start in range(0, len(points), UPSERT_BATCH):
-            self._shard().update(qe.UpdateOperation.upsert_points(points[start : start + UPSERT_BATCH]))
+            with engine_writes(self.path):
+                self._shard().update(qe.UpdateOperation.upsert_points(points[start : start + UPSERT_BATCH]))
 
     def delete_points(self, point_ids: Sequence[str]) -> None:
         self._check_open()
         if point_ids and self._store is not None:
-            self._shard().update(qe.UpdateOperation.delete_points(list(point_ids)))
+            with engine_writes(self.path):
+                self._shard().update(qe.UpdateOperation.delete_points(list(point_ids)))
 
     def count(self) -> int:
         self._check_open()
-        return self._store.count() if self._store is not None else 0
+        if self._store is None:
+            return 0
+        with engine_reads(self.path, "counted"):
+            return self._store.count()
 
     def dense_vectors(self) -> Dict[str, List[float]]:
         """Every point's dense vector, by point id."""
@@ -751,9 +790,13 @@ class EdgePoints:
         out: Dict[str, List[float]] = {}
         offset = None
         while True:
-            records, offset = self._shard().scroll(qe.ScrollRequest(limit=SCROLL_PAGE, offset=offset, with_payload=False, with_vector=[name]))
+            with engine_reads(self.path, "read"):
+                records, offset = self._shard().scroll(qe.ScrollRequest(limit=SCROLL_PAGE, offset=offset, with_payload=False, with_vector=[name]))
             for record in records:
-                out[str(record.id)] = record.vector[name]
+                vector = (record.vector or {}).get(name)
+                if vector is None:
+                    raise StoreDamagedError(self.path, f"holds point {record.id} without its dense vector {name!r}")
+                out[str(record.id)] = vector
             if offset is None:
                 return out
 
@@ -765,7 +808,8 @@ class EdgePoints:
         schema = self._store.schema
         offset = None
         while True:
-            records, offset = self._shard().scroll(qe.ScrollRequest(limit=SCROLL_PAGE, offset=offset, with_payload=True, with_vector=True))
+            with engine_reads(self.path, "read"):
+                records, offset = self._shard().scroll(qe.ScrollRequest(limit=SCROLL_PAGE, offset=offset, with_payload=True, with_vector=True))
             for record in records:
                 vectors = record.vector or {}
                 sparse = vectors.get(schema.sparse_name)
@@ -806,7 +850,8 @@ class EdgePoints:
                 return []
             query = qe.Query.Nearest(qe.SparseVector(indices, values), using=schema.sparse_name)
             request = qe.QueryRequest(limit=limit, query=query, filter=filter, with_payload=True, with_vector=False)
-            return [(dict(p.payload or {}), float(p.score)) for p in self._shard().query(request)]
+            with engine_reads(self.path, "searched"):
+                return [(dict(p.payload or {}), float(p.score)) for p in self._shard().query(request)]
         vector = [float(x) for x in dense]
         nearest = qe.Query.Nearest(vector, using=schema.dense_name)
         if sparse is None:
@@ -819,16 +864,19 @@ class EdgePoints:
                 prefetches.append(qe.Prefetch(limit=prefetch_limit, query=query, filter=filter))
             fused = qe.Fusion.Dbsf() if fusion == "dbsf" else qe.Fusion.Rrf(k=int(rrf_k) + 1)
             request = qe.QueryRequest(limit=limit, query=fused, prefetches=prefetches, filter=filter, with_payload=True, with_vector=False)
-        return [(dict(p.payload or {}), float(p.score)) for p in self._shard().query(request)]
+        with engine_reads(self.path, "searched"):
+            return [(dict(p.payload or {}), float(p.score)) for p in self._shard().query(request)]
 
     def flush(self) -> None:
         if self._store is not None:
-            self._store.flush()
+            with engine_writes(self.path):
+                self._store.flush()
 
     def optimize(self) -> None:
         """Build HNSW and payload indexes (after bulk writes)."""
         if self._store is not None:
-            self._store.optimize()
+            with engine_writes(self.path):
+                self._store.optimize()
 
     def refresh(self) -> None:
         """Flush, then reload the shard (keeping the lock). qdrant-edge-py 0.9.0 keeps counting
@@ -836,8 +884,10 @@ class EdgePoints:
         is loaded again, so a live shard would rank differently from the same shard reopened; a
         write ends with this, so queries always see the statistics of the stored points."""
         if self._store is not None:
-            self._store.close()
-            self._store = EdgeStore.open(self.path)
+            with engine_writes(self.path):
+                self._store.close()
+            with engine_reads(self.path, "reopened"):
+                self._store = EdgeStore.open(self.path)
 
     def close(self) -> None:
         """Flush and close the shard, then release the lock (idempotent)."""

@@ -20,4 +20,5 @@ def test_random_kills_leave_the_folder_before_or_after_the_write(tmp_path: Path)
     folder = _kill.new_folder(tmp_path / "index")
     trials = _kill.run_trials(folder, TRIALS, seed=7, max_wait_s=2.0)
     assert len(trials) == TRIALS
-    assert sum(t.committed for t in trials) > 0  # the kills landed among committed writes, not all before the first
+    assert all(t.committed >= 1 for t in trials)  # killed among writes, after the first committed one
+    assert max(t.committed for t in trials) > 3

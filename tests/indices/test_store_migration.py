@@ -177,3 +177,26 @@ def test_push_to_a_server_serves_the_same_results(index: HybridIndex, index_dir:
         embedded.upsert([_support.changed_document()])  # writes go to the server now
         _support.assert_consistent(embedded)
     assert json.loads((index_dir / "index.json").read_text())["qdrant_url"] == "http://qdrant.example:6333"
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        "vector_storage-text-sparse-new/store/tracker.dat",  # the engine panicked on it (a BaseException)
+        "vector_storage-text-dense/vectors/chunk_0.mmap",  # NaN vectors: opened fine, caught by the vector check
+        "wal/open-1",
+        "version.info",
+    ],
+)
+def test_damaged_shard_files_are_damaged_index_errors(index_dir: Path, embed_model, bundles, pattern: str) -> None:
+    from llama_index_retrieval_kit.indices import DamagedIndexError
+
+    matches = [p for p in (index_dir / "edge" / "shard").rglob("*") if p.is_file() and str(p).endswith(pattern)]
+    assert matches, pattern
+    for path in matches:
+        path.write_bytes(b"\xff" * max(1, path.stat().st_size))
+    with pytest.raises(DamagedIndexError) as err:
+        with HybridIndex.load(index_dir, embed_model=embed_model) as index:
+            for mode in ("hybrid", "qdrant_hybrid"):
+                index.as_retriever(mode).retrieve(bundles[0])
+    assert str(index_dir / "edge") in str(err.value) and "rkit index" in str(err.value)
