@@ -768,8 +768,7 @@ class HybridIndex:
         with self._rw_lock.write():  # queries reading the store wait: they see before or after
             self._begin(sorted(old_ids | new_ids))
             try:
-                if leaves:
-                    self._write_points(leaves, vectors)
+                tokens = self._write_points(leaves, vectors) if leaves else None
                 if stale:
                     self.store.delete_points([_store.point_id(i) for i in sorted(stale)])
                 # BM25: insert_nodes replaces every indexed node of the same documents (one rebuild).
@@ -777,7 +776,7 @@ class HybridIndex:
                 for doc_id in emptied:
                     self.bm25.delete_ref_doc(doc_id)
                 if leaves:
-                    self.bm25.insert_nodes(leaves)
+                    self.bm25.insert_nodes(leaves, tokens=tokens)
                 for doc_id in ids:
                     self.docstore.delete_ref_doc(doc_id, raise_error=False)
                 self.docstore.add_documents(nodes, allow_update=True)
@@ -911,7 +910,8 @@ class HybridIndex:
         self.store.create(dim)
         self.config["embed_dim"] = dim
 
-    def _write_points(self, leaves: Sequence[BaseNode], vectors: Any) -> None:
+    def _write_points(self, leaves: Sequence[BaseNode], vectors: Any, tokens: Optional[List[List[str]]] = None) -> List[List[str]]:
+        """Write the points of ``leaves``; returns their BM25 tokens (computed once, shared with BM25)."""
         bm25cfg = self.config["bm25"]
         # Unit-length vectors: cosine does not care, and the dense matrix read back from any
         # transport then scores like the engine (Qdrant local mode, for one, normalised on upsert
@@ -919,7 +919,8 @@ class HybridIndex:
         vectors = np.asarray(vectors, dtype=np.float32)
         norms = np.linalg.norm(vectors, axis=1, keepdims=True)
         vectors = vectors / np.where(norms > 0, norms, 1.0)
-        tokens = [self.bm25.tokenize(n.get_content()) for n in leaves]
+        if tokens is None:
+            tokens = [self.bm25.node_tokens(n) for n in leaves]
         if bm25cfg["avgdl"] is None:
             bm25cfg["avgdl"] = max(1.0, sum(len(t) for t in tokens) / max(1, len(tokens)))
         self.store.upsert_points(
@@ -928,6 +929,7 @@ class HybridIndex:
             [bm25_doc_vector(tok, bm25cfg["avgdl"], bm25cfg["k1"], bm25cfg["b"]) for tok in tokens],
             [node_to_metadata_dict(node, remove_text=False, flat_metadata=False) for node in leaves],
         )
+        return tokens
 
     def _begin(self, touched_ids: Sequence[str]) -> None:
         """Record what the next write touches, so a crash can be rolled back on open.

@@ -562,13 +562,19 @@ class BM25Retriever(BaseRetriever):
 
     # ----- updates ----------------------------------------------------------------------------
 
-    def insert_nodes(self, nodes: Sequence[BaseNode]) -> None:
+    def insert_nodes(self, nodes: Sequence[BaseNode], tokens: Optional[Sequence[Sequence[str]]] = None) -> None:
         """Add ``nodes``, first removing indexed nodes with the same node id or the same ref doc id.
 
         Inserting the new chunks of a document therefore replaces all its old chunks, even when the
         new version has fewer or differently named chunks. Rebuilds the bm25s index (see class doc).
+        ``tokens``: each node's :meth:`node_tokens`, when the caller already has them (a node is
+        then tokenized once per upsert); not checked beyond their number.
         """
         incoming = self._checked_copies(nodes)
+        if tokens is not None:
+            tokens = [list(t) for t in tokens]
+            if len(tokens) != len(incoming):
+                raise ValueError(f"got {len(incoming)} nodes but {len(tokens)} token lists")
         if not incoming:
             return
         new_ids = {n.node_id for n in incoming}
@@ -576,6 +582,7 @@ class BM25Retriever(BaseRetriever):
         self._rebuild(
             lambda n: n.node_id not in new_ids and (n.ref_doc_id is None or n.ref_doc_id not in new_refs),
             incoming,
+            tokens,
         )
 
     def delete_ref_doc(self, ref_doc_id: str) -> int:
@@ -587,7 +594,9 @@ class BM25Retriever(BaseRetriever):
         drop = set(node_ids)
         return self._rebuild(lambda n: n.node_id not in drop, [])
 
-    def _rebuild(self, keep: Callable[[BaseNode], bool], incoming: List[BaseNode]) -> int:
+    def _rebuild(
+        self, keep: Callable[[BaseNode], bool], incoming: List[BaseNode], incoming_tokens: Optional[List[List[str]]] = None
+    ) -> int:
         """Swap in a snapshot of the kept nodes plus ``incoming``; returns the number removed."""
         with self._shared.lock:
             old = self._shared.snapshot
@@ -599,13 +608,18 @@ class BM25Retriever(BaseRetriever):
             if old_tokens is None:  # loaded from a folder saved without tokens
                 old_tokens = PackedTokens.pack([self._tokens_of(n) for n in old.nodes])
             nodes = [old.nodes[i] for i in kept] + incoming
-            tokens = old_tokens.select(kept).extend([self._tokens_of(n) for n in incoming])
+            if incoming_tokens is None:
+                incoming_tokens = [self._tokens_of(n) for n in incoming]
+            tokens = old_tokens.select(kept).extend(incoming_tokens)
             self._shared.snapshot = build_snapshot(nodes, tokens, self._params)
         logger.info("bm25 index rebuilt: %d removed, %d added, %d nodes", removed, len(incoming), len(nodes))
         return removed
 
-    def _tokens_of(self, node: BaseNode) -> List[str]:
+    def node_tokens(self, node: BaseNode) -> List[str]:
+        """The BM25 terms this index stores for ``node`` (its content in this index's metadata mode)."""
         return self._tokenize(node.get_content(metadata_mode=self._metadata_mode))
+
+    _tokens_of = node_tokens
 
     @staticmethod
     def _checked_copies(nodes: Sequence[BaseNode]) -> List[BaseNode]:

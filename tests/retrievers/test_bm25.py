@@ -457,3 +457,15 @@ def test_similarity_top_k_must_be_a_real_int(corpus: List[TextNode], value: obje
     if value is not None:  # with_filters(similarity_top_k=None) keeps the retriever's own
         with pytest.raises(ValueError, match=message):
             BM25Retriever(corpus).with_filters(None, similarity_top_k=value)  # type: ignore[arg-type]
+
+
+def test_insert_nodes_with_precomputed_tokens_equals_tokenizing() -> None:
+    nodes = [TextNode(text=f"annual fee {i} waived for students", id_=f"n{i}") for i in range(4)]
+    plain = BM25Retriever.from_nodes(nodes[:2], similarity_top_k=4)
+    given = BM25Retriever.from_nodes(nodes[:2], similarity_top_k=4)
+    plain.insert_nodes(nodes[2:])
+    given.insert_nodes(nodes[2:], tokens=[given.node_tokens(n) for n in nodes[2:]])
+    rank = lambda r: [(x.node.node_id, round(x.score, 9)) for x in r.retrieve("fee waived 3")]  # noqa: E731
+    assert rank(plain) == rank(given) and len(rank(given)) == 4
+    with pytest.raises(ValueError, match="got 1 nodes but 2 token lists"):
+        given.insert_nodes(nodes[:1], tokens=[["a"], ["b"]])
