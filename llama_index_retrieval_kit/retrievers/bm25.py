@@ -38,7 +38,7 @@ from llama_index.core.storage.docstore.utils import doc_to_json, json_to_doc
 from llama_index.core.vector_stores.types import MetadataFilters
 
 from .checks import check_positive_int, check_query_text, checked_query
-from .filters import metadata_matches, validate_filters
+from .filters import filter_mask, validate_filters
 from .node_copy import copy_node
 
 logging.getLogger("bm25s").setLevel(logging.WARNING)  # bm25s sets its own logger to DEBUG on import
@@ -356,12 +356,7 @@ def top_bm25_positions(
         candidates = np.unique(np.concatenate(postings))
         candidates = candidates[scores[candidates] > 0]
     if filters is not None and candidates.size:
-        keep = np.fromiter(
-            (metadata_matches(snapshot.nodes[i].metadata, filters) for i in candidates),
-            dtype=bool,
-            count=candidates.size,
-        )
-        candidates = candidates[keep]
+        candidates = candidates[filter_mask(snapshot.nodes, filters)[candidates]]
     if candidates.size > top_k:
         # Keep only scores >= the top_k-th best (ties at the cut included), then sort those.
         cut = np.partition(scores[candidates], candidates.size - top_k)[candidates.size - top_k]

@@ -20,7 +20,7 @@ from llama_index.core.schema import BaseNode, NodeWithScore, QueryBundle, QueryT
 from llama_index.core.vector_stores.types import MetadataFilters
 
 from .checks import check_positive_int, checked_query
-from .filters import metadata_matches, validate_filters
+from .filters import filter_mask, validate_filters
 from .node_copy import copy_node
 
 logger = logging.getLogger(__name__)
@@ -78,13 +78,15 @@ def top_dense_positions(
         head = np.argpartition(-scores, k - 1)[:k] if k < n else np.arange(n)
         rows = head[np.argsort(-scores[head], kind="stable")]
     else:
-        kept: List[int] = []
-        for i in np.argsort(-scores, kind="stable").tolist():
-            if metadata_matches(matrix.nodes[i].metadata, filters):
-                kept.append(i)
-                if len(kept) == top_k:
-                    break
-        rows = np.asarray(kept, dtype=np.int64)
+        # The rows passing the filter (mask cached per index state and filters), best first, ties
+        # by row: the first ``top_k`` of a stable sort of their scores.
+        candidates = np.flatnonzero(filter_mask(matrix.nodes, filters))
+        sub = scores[candidates]
+        if top_k < candidates.size:
+            cut = np.partition(sub, candidates.size - top_k)[candidates.size - top_k]
+            keep = sub >= cut  # ties at the cut included, then ordered and cut below
+            candidates, sub = candidates[keep], sub[keep]
+        rows = candidates[np.lexsort((candidates, -sub))][:top_k]
     return rows.astype(np.int64, copy=False), scores[rows]
 
 

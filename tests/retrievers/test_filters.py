@@ -69,3 +69,18 @@ def test_malformed_filters_rejected_up_front(leaf: MetadataFilter) -> None:
 def test_validate_rejects_non_filters() -> None:
     with pytest.raises(ValueError, match="MetadataFilters"):
         validate_filters({"lang": "en"})  # type: ignore[arg-type]
+
+
+def test_filter_mask_is_cached_per_nodes_and_filters_and_matches_metadata_matches() -> None:
+    from llama_index.core.schema import TextNode
+
+    from llama_index_retrieval_kit.retrievers.filters import filter_mask, metadata_matches
+
+    nodes = tuple(TextNode(text=str(i), metadata={"tenant": f"t{i % 3}", "n": i}) for i in range(30))
+    flt = MetadataFilters(filters=[MetadataFilter(key="tenant", value="t1"), MetadataFilter(key="n", value=10, operator=FilterOperator.GT)])
+    mask = filter_mask(nodes, flt)
+    assert mask.tolist() == [metadata_matches(n.metadata, flt) for n in nodes] and mask.sum() == 6
+    assert filter_mask(nodes, flt) is mask  # cached: same index state, same filters
+    other = nodes[:10]  # another index state (a new tuple): computed afresh
+    assert filter_mask(other, flt).tolist() == [False] * 10
+    assert not mask.flags.writeable
