@@ -54,6 +54,19 @@ def load_hf_tokenizer(name: str) -> Any:
         ) from exc
 
 
+@functools.lru_cache(maxsize=8)
+def load_backend_tokenizer(name: str) -> Any:
+    """The Rust ``tokenizers.Tokenizer`` of ``name`` (cached per process): read straight from the
+    folder's ``tokenizer.json`` when there is one (the packaged default has), which skips
+    importing transformers and torch (about 3 s); else the fast tokenizer's backend."""
+    path = Path(resolve_model_path(name))
+    if (path / "tokenizer.json").is_file():
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(str(path / "tokenizer.json"))
+    return load_hf_tokenizer(name).backend_tokenizer
+
+
 def default_embed_model(model_name: str = DEFAULT_EMBED_MODEL, **kwargs: Any) -> Any:
     """A ``FastHuggingFaceEmbedding`` for ``model_name`` (offline for the default).
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator, List, Sequence
 
-from ..models import load_hf_tokenizer
+from ..models import load_backend_tokenizer
 from .windows import TokenSpans, _counter_spans
 
 TokenSpanFn = Callable[[str], TokenSpans]
@@ -85,7 +85,7 @@ def hf_batch_token_spans(
     Python overhead, the Rust side tokenizes a batch in parallel, and memory stays bounded
     however long the texts are (see the module docstring).
     """
-    backend = tokenizer.backend_tokenizer
+    backend = getattr(tokenizer, "backend_tokenizer", tokenizer)  # a transformers fast tokenizer, or a tokenizers.Tokenizer
     backend.no_truncation()
     backend.no_padding()
 
@@ -117,7 +117,7 @@ def batch_token_span_fn(tokenizer_name: str, tokenizer: Callable[[str], Sequence
     if tokenizer is not None:
         single = counter_token_spans(tokenizer)
         return lambda texts: [single(t) for t in texts]
-    return hf_batch_token_spans(load_hf_tokenizer(tokenizer_name))
+    return hf_batch_token_spans(load_backend_tokenizer(tokenizer_name))
 
 
 def token_span_fn(tokenizer_name: str, tokenizer: Callable[[str], Sequence] | None = None) -> TokenSpanFn:

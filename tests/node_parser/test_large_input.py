@@ -175,3 +175,30 @@ def test_peak_memory_of_a_5_mb_file_is_bounded(tmp_path: Path) -> None:
     growth_mib = (report["peak_kib"] - report["base_kib"]) / 1024
     assert report["chunks"] > 5000
     assert growth_mib < 300, f"peak RSS grew {growth_mib:.0f} MiB while chunking 5 MB"
+
+
+@settings(max_examples=60, deadline=None)
+@given(text=st.text(alphabet=st.characters(blacklist_categories=("Cs",)), min_size=0, max_size=300))
+def test_tokenizer_json_gives_the_spans_of_the_transformers_tokenizer(text: str) -> None:
+    from llama_index_retrieval_kit.models import load_backend_tokenizer
+
+    via_transformers = hf_batch_token_spans(load_hf_tokenizer(DEFAULT_EMBED_MODEL))([text, text.upper()])
+    via_file = hf_batch_token_spans(load_backend_tokenizer(DEFAULT_EMBED_MODEL))([text, text.upper()])
+    assert via_file == via_transformers
+
+
+def test_chunking_with_the_default_tokenizer_imports_neither_torch_nor_transformers() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from llama_index.core import Document\n"
+        "from llama_index_retrieval_kit.node_parser import SectionWindowNodeParser\n"
+        "nodes = SectionWindowNodeParser().get_nodes_from_documents([Document(text='# A\\n\\nSome text. ' * 50)])\n"
+        "assert nodes\n"
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
