@@ -24,6 +24,7 @@ scores equal ours, ``1 / (rrf_k + rank)`` with ranks from 1. With weights Qdrant
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 from collections import Counter
@@ -47,6 +48,7 @@ DENSE_VECTOR = "text-dense"
 SPARSE_VECTOR = "text-sparse-new"
 
 
+@functools.lru_cache(maxsize=1 << 20)
 def token_id(token: str) -> int:
     """A stable 32-bit id for a term (same on every machine and process)."""
     return int.from_bytes(hashlib.blake2b(token.encode("utf-8"), digest_size=4).digest(), "little")
