@@ -39,7 +39,8 @@ EXIT_INTERRUPTED = 130
 EXIT_CODES = {
     EXIT_OK: "success",
     EXIT_PARTIAL: "finished, but some files could not be read (listed), or nothing could be indexed",
-    EXIT_USAGE: "bad arguments or input (the message says what to change)",
+    EXIT_USAGE: "bad arguments or input (the message says what to change), or a missing optional extra "
+    "(the message names it: pip install 'llama-index-retrieval-kit[EXTRA]')",
     EXIT_BUSY: "the index is open or being written by another process (or read-only after a failed write): "
     "close it, or serve the index from a Qdrant server",
     EXIT_DAMAGED: "the index folder is damaged (the message names the file and how to rebuild)",
@@ -656,6 +657,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from ._extras import REPORT_MODULES, require_extras
+
+    # Before any work: the demo writes the sample PDF (fpdf2) and ends with the evaluation report.
+    require_extras("rkit demo", {"samples": "fpdf", "eval": REPORT_MODULES})
     from .ingest import ingest, write_chunks_jsonl
     from .node_parser import SectionWindowNodeParser
     from .samples import sample_files, sample_pdf
@@ -841,6 +846,11 @@ def build_parser() -> argparse.ArgumentParser:
     from .evaluation.cli_eval import add_eval_subparser
 
     add_eval_subparser(sub)
+    # Global options also after the subcommand (``rkit query ... -q``); SUPPRESS keeps the value
+    # given before the subcommand when they are not repeated after it.
+    for command in sub.choices.values():
+        command.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log debug messages")
+        command.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help="no progress bars")
     return p
 
 
@@ -875,6 +885,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _exit_code(exc: BaseException) -> int:
     """The exit code for an exception (see :data:`EXIT_CODES`)."""
+    from ._extras import MissingExtraError
+
+    if isinstance(exc, MissingExtraError):  # an optional extra is not installed: the message names it
+        return EXIT_USAGE
     from .indices import DamagedIndexError, IndexBusyError, IndexReadOnlyError, IndexWriteLockedError
 
     if isinstance(exc, (IndexBusyError, IndexWriteLockedError, IndexReadOnlyError)):

@@ -192,3 +192,15 @@ def test_query_with_a_file_that_is_not_a_gate(storage: Path, tmp_path: Path, cap
 def test_inspect_a_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert main(["-q", "inspect", str(tmp_path / "nope.pdf")]) == EXIT_USAGE
     assert "nope.pdf" in _one_line_error(capsys)
+
+
+def test_global_options_work_before_and_after_the_subcommand() -> None:
+    from llama_index_retrieval_kit.cli import build_parser
+
+    parser = build_parser()
+    for argv in (["-q", "ingest", "x"], ["ingest", "x", "-q"], ["ingest", "-q", "x"]):
+        args = parser.parse_args(argv)
+        assert args.quiet is True and args.verbose is False, argv
+    args = parser.parse_args(["-v", "query", "what?", "--storage", "s", "--quiet"])
+    assert args.verbose is True and args.quiet is True
+    assert parser.parse_args(["query", "what?", "--storage", "s"]).quiet is False
