@@ -498,7 +498,9 @@ class NoAnswerPostprocessor(BaseNodePostprocessor):
         )
         anchor = X[:, 0]  # the first feature is the top-1 evidence score of every feature set
         if float(floor_quantile) > 0:
-            gate.min_top_score = float(np.quantile(anchor[: len(ans)], float(floor_quantile)))
+            # An observed score (method="lower"), never one interpolated above the lowest answerable
+            # question: on a small set that question would get confidence 0 and pull the threshold to 0.
+            gate.min_top_score = float(np.quantile(anchor[: len(ans)], float(floor_quantile), method="lower"))
         conf = gate._confidences(X)
         threshold = threshold_for_recall(conf[: len(ans)], float(target_answerable_recall))
         gate.threshold = threshold

@@ -29,7 +29,7 @@ logger = logging.getLogger(__name__)
 PathLike = Union[str, Path]
 
 #: Document metadata keys that describe the whole document, not a chunk; parsers drop them.
-DOCUMENT_ONLY_KEYS = ("page_starts", "outline")
+DOCUMENT_ONLY_KEYS = ("page_starts", "outline", "num_pages")
 
 
 @dataclass(frozen=True)

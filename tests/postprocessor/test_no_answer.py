@@ -280,3 +280,14 @@ def test_open_gate_passes_the_nodes_unchanged(gate: NoAnswerPostprocessor, sampl
     assert out == nodes and all(a is b for a, b in zip(out, nodes))
     response = sample_index.as_query_engine(llm=MockLLM(max_tokens=5), node_postprocessors=[gate]).query(question)
     assert response.source_nodes and not (response.metadata or {}).get("no_answer")
+
+
+def test_on_a_small_set_the_floor_is_an_observed_answerable_score() -> None:
+    """With fewer than 100 answerable questions the 1% quantile must not be interpolated above the
+    lowest one (which would get confidence 0 and pull the recall threshold down to 0)."""
+    answerable, unanswerable = _constructed(15, 3, 0.15), _constructed(15, 4, -0.15)
+    gate = NoAnswerPostprocessor.fit(answerable, unanswerable, target_answerable_recall=0.95)
+    tops = sorted(nodes[0].leg_scores["dense"] for _, nodes in answerable)
+    assert gate.min_top_score == tops[0]
+    assert all(gate.confidence(nodes, q) > 0 for q, nodes in answerable)
+    assert gate.threshold > 0.0
