@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .__about__ import __version__
 from ._lazy import lazy_exports
-
-__version__ = "0.1.0"
 
 _EXPORTS = {
     "FastHuggingFaceEmbedding": ".embeddings",

@@ -41,6 +41,9 @@ EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "bench": ("llama_index.retrievers.bm25", "psutil"),
 }
 
+#: What the evaluation report (``rkit eval``, ``run_eval``) imports: significance tests and plots.
+REPORT_MODULES = ("scipy", "matplotlib")
+
 #: Import name -> the package to install, where they differ (for the message).
 _PACKAGE_OF = {
     "fpdf": "fpdf2",

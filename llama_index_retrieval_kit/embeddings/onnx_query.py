@@ -9,8 +9,13 @@ How: on the first query the model's transformer is exported once to ONNX (``torc
 cached on disk by a hash of the weights), checked against PyTorch on probe texts, and used for
 every later query. Pooling and normalisation are sentence-transformers' own settings (mean or CLS
 pooling, optional unit length). Anything this path cannot reproduce exactly (other module
-stacks, prompts excluded from pooling, a failed export or check, ``onnxruntime`` not installed)
-falls back to PyTorch with one warning, so the vectors are always the model's.
+stacks, prompts excluded from pooling, a failed export or check) falls back to PyTorch with one
+warning, so the vectors are always the model's.
+
+The ONNX path is an optimisation, installed with the ``onnx`` extra (``onnx`` for the export,
+``onnxruntime`` to run it: ``pip install 'llama-index-retrieval-kit[onnx]'``). Without it, queries
+are embedded by PyTorch (the same vectors, within ``onnx_tolerance``) and one INFO line names the
+extra.
 
 Privacy: ONNX Runtime's telemetry is turned off before this module first imports it
 (``ORT_DISABLE_TELEMETRY=1`` unless already set, then ``onnxruntime.disable_telemetry_events()``).
@@ -36,11 +41,14 @@ import numpy as np
 from llama_index.embeddings.huggingface import HuggingFaceEmbedding
 from pydantic import Field, PrivateAttr
 
+from .._extras import MissingExtraError, require_extra
 from ..retrievers.checks import check_query_text
 
 logger = logging.getLogger(__name__)
 
 CACHE_ENV = "RKIT_CACHE_DIR"
+#: What the ONNX paths (query embedder, ``CrossEncoderReranker(onnx=True)``) import: the ``onnx`` extra.
+ONNX_MODULES = ("onnxruntime", "onnx")
 #: Read by ONNX Runtime when it is imported: "1" keeps it from writing telemetry files ("0" lets it).
 ORT_TELEMETRY_ENV = "ORT_DISABLE_TELEMETRY"
 _PROBES = (
@@ -262,6 +270,10 @@ class FastHuggingFaceEmbedding(HuggingFaceEmbedding):
             if self._onnx_state == "unset":
                 try:
                     reason = self._prepare_onnx()
+                except MissingExtraError as exc:  # a core install: PyTorch is the expected path
+                    logger.info("query embeddings of %s use PyTorch: %s", self.model_name, exc)
+                    self._onnx_state = "off"
+                    return False
                 except Exception as exc:  # any export/runtime failure: fall back, never fail a query
                     reason = f"{type(exc).__name__}: {exc}"
                 if reason:
@@ -272,11 +284,12 @@ class FastHuggingFaceEmbedding(HuggingFaceEmbedding):
         return self._onnx_state == "ready"
 
     def _prepare_onnx(self) -> Optional[str]:
-        """Export/load the ONNX model and check it; returns why it cannot be used, or None."""
-        try:
-            ort = import_onnxruntime()
-        except ImportError:
-            return "onnxruntime is not installed (pip install onnxruntime)"
+        """Export/load the ONNX model and check it; returns why it cannot be used, or None.
+
+        Raises :class:`MissingExtraError` when the ``onnx`` extra is not installed.
+        """
+        require_extra("onnx", ONNX_MODULES, "the ONNX query path of FastHuggingFaceEmbedding")
+        ort = import_onnxruntime()
         modules = list(self._model)
         names = [type(m).__name__ for m in modules]
         if names[:2] != ["Transformer", "Pooling"] or any(n != "Normalize" for n in names[2:]):

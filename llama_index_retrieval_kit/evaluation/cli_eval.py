@@ -88,6 +88,9 @@ def _out(text: str = "") -> None:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     """Run the evaluation job and print the headline table; 0 on success."""
+    from .._extras import REPORT_MODULES, require_extra
+
+    require_extra("eval", REPORT_MODULES, "rkit eval")  # before any work: the report needs them
     from .job import run_eval
     from .report import main_k
 

@@ -388,14 +388,25 @@ def embed_nodes_cached(
     return copies, cache_size(cache_path) - before
 
 
+#: The optional module of the built-in config that needs one (extra "bench").
+_LLAMAINDEX_BM25_MODULE = "llama_index.retrievers.bm25"
+
+
 def _llamaindex_bm25(nodes: Sequence[BaseNode], top_k: int) -> Any:
-    try:
-        from llama_index.retrievers.bm25 import BM25Retriever as LlamaBM25Retriever
-    except ImportError as exc:  # an optional dependency (extras "bench"/"dev")
-        raise ValueError(
-            "config 'llamaindex-bm25' needs LlamaIndex's BM25 retriever: pip install llama-index-retrievers-bm25"
-        ) from exc
-    return LlamaBM25Retriever.from_defaults(nodes=list(nodes), similarity_top_k=min(top_k, len(nodes)))
+    from .._extras import import_extra
+
+    module = import_extra("bench", _LLAMAINDEX_BM25_MODULE, "config 'llamaindex-bm25'")
+    return module.BM25Retriever.from_defaults(nodes=list(nodes), similarity_top_k=min(top_k, len(nodes)))
+
+
+def check_extras(configs: Sequence[EvalConfig], feature: str = "run_eval") -> None:
+    """Fail before any work when the report or a config needs an extra that is not installed."""
+    from .._extras import REPORT_MODULES, require_extra
+
+    require_extra("eval", REPORT_MODULES, feature)
+    for config in configs:
+        if config.retriever == "llamaindex-bm25":
+            require_extra("bench", _LLAMAINDEX_BM25_MODULE, f"config {config.name!r} (LlamaIndex's BM25Retriever)")
 
 
 # --------------------------------------------------------------------------------------------
@@ -500,6 +511,7 @@ def run_eval(
     if not isinstance(allow_unmatched_references, bool):
         raise ValueError(f"allow_unmatched_references must be True or False, got {allow_unmatched_references!r}")
     checked = _check_configs(configs)
+    check_extras(checked)
     seeds = [Path(embedding_cache)] if embedding_cache is not None else []
     for seed in seeds:
         if not seed.is_file():

@@ -4,7 +4,8 @@ This is the one module that touches the RAGAS API (pinned to ragas 0.4.x, checke
 RAGAS renames things often, so every RAGAS name this package uses is listed in
 :data:`RAGAS_METRICS` and in the ``_ragas_*`` helpers below. RAGAS is imported lazily, inside
 functions: importing this package stays fast and keeps working even when RAGAS cannot be
-imported.
+imported. RAGAS comes with the ``eval`` extra (``pip install 'llama-index-retrieval-kit[eval]'``);
+without it, building samples works and scoring says which extra to install.
 
 Two kinds of metrics (our stable names, mapped to RAGAS classes in :data:`RAGAS_METRICS`):
 
@@ -684,6 +685,9 @@ def _coerce_samples(data: Any, query_ids: Sequence[str] | None) -> list[RagasSam
 
 def _import_ragas() -> Any:
     """``import ragas`` with telemetry off by default (a user's own RAGAS_DO_NOT_TRACK wins)."""
+    from .._extras import require_extra
+
+    require_extra("eval", "ragas", "RAGAS evaluation (run_ragas, to_ragas_dataset)")
     os.environ.setdefault(_TRACKING_ENV, "true")
     try:
         import ragas

@@ -28,7 +28,6 @@ inside methods, on first use: importing this module does not import torch.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import math
 import os
@@ -77,6 +76,8 @@ COST_ESTIMATE_WEIGHT = 0.3
 #: ONNX's protobuf files hold at most 2 GB; bigger models stay on PyTorch.
 ONNX_MAX_WEIGHT_BYTES = 2_000_000_000
 INSTALL_HINT = "pip install 'llama-index-retrieval-kit[rerank]'"
+_FLAG_FEATURE = "the 'flag_embedding' rerank backend (CrossEncoderReranker's default)"
+_FLAG_ALTERNATIVE = "pass backend='sentence_transformers' (core install)"
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "cuda:<index>", "mps")
 _DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 _ONNX_PROBES = (
@@ -317,12 +318,13 @@ class _SentenceTransformersScorer:
         weight_bytes = sum(p.numel() * p.element_size() for p in self.hf_model.parameters())
         if weight_bytes > ONNX_MAX_WEIGHT_BYTES:
             return f"its weights ({weight_bytes / 1e9:.1f} GB) exceed ONNX's 2 GB single-file limit"
-        from ..embeddings.onnx_query import default_cache_dir, import_onnxruntime, weights_fingerprint
+        from .._extras import missing_extra_error
+        from ..embeddings.onnx_query import ONNX_MODULES, default_cache_dir, import_onnxruntime, weights_fingerprint
 
-        try:
-            ort = import_onnxruntime()
-        except ImportError:
-            return "onnxruntime is not installed (pip install onnxruntime)"
+        missing = missing_extra_error("onnx=True", {"onnx": ONNX_MODULES})
+        if missing is not None:
+            return str(missing)
+        ort = import_onnxruntime()
         import inspect
 
         torch = self._torch
@@ -369,12 +371,15 @@ class _FlagEmbeddingScorer:
     """``FlagEmbedding.FlagReranker`` logits (``normalize=False``)."""
 
     def __init__(self, settings: "CrossEncoderReranker", device: str, fp16: bool) -> None:
+        from .._extras import require_extra
+
+        require_extra("rerank", "FlagEmbedding", _FLAG_FEATURE, _FLAG_ALTERNATIVE)
         try:
             from FlagEmbedding import FlagReranker
-        except ImportError as exc:
+        except ImportError as exc:  # installed but broken (e.g. a transformers it does not support)
             raise ImportError(
-                f"the 'flag_embedding' rerank backend needs the FlagEmbedding package: {INSTALL_HINT} "
-                f"(or use backend='sentence_transformers'). Import failed with: {exc}"
+                f"the 'flag_embedding' rerank backend could not import FlagEmbedding ({exc}); reinstall it with "
+                f"{INSTALL_HINT}, or {_FLAG_ALTERNATIVE}"
             ) from exc
         self.batch_size = settings.batch_size
         self.max_length = settings.max_length
@@ -465,7 +470,7 @@ class CrossEncoderReranker(BaseNodePostprocessor):
     onnx: bool = Field(
         default=False,
         description="sentence_transformers backend on CPU: run the model in ONNX Runtime (exported once, cached, "
-        "checked against PyTorch; falls back to PyTorch with a warning).",
+        "checked against PyTorch; needs the 'onnx' extra; falls back to PyTorch with a warning).",
     )
     onnx_cache_dir: Optional[str] = Field(
         default=None, description="Folder for exported ONNX models (default $RKIT_CACHE_DIR or ~/.cache/llama_index_retrieval_kit)."
@@ -552,11 +557,10 @@ class CrossEncoderReranker(BaseNodePostprocessor):
                 f"onnx=True needs backend='sentence_transformers', got backend={self.backend.value!r}; "
                 "allowed: onnx=False with any backend"
             )
-        if self.backend is RerankBackend.FLAG_EMBEDDING and importlib.util.find_spec("FlagEmbedding") is None:
-            raise ImportError(
-                f"the 'flag_embedding' rerank backend needs the FlagEmbedding package: {INSTALL_HINT} "
-                "(or pass backend='sentence_transformers')"
-            )
+        if self.backend is RerankBackend.FLAG_EMBEDDING:
+            from .._extras import require_extra
+
+            require_extra("rerank", "FlagEmbedding", _FLAG_FEATURE, _FLAG_ALTERNATIVE)
         return self
 
     def __setattr__(self, name: str, value: Any) -> None:

@@ -23,7 +23,8 @@ def sample_files() -> list[Path]:
 def sample_pdf(out_dir: str | Path | None = None) -> Path:
     """The credit-card agreement as a PDF (outline, running header, page numbers).
 
-    Written into ``out_dir`` (default: next to the samples) when it is not there yet.
+    Written into ``out_dir`` (default: next to the samples) when it is not there yet, which needs
+    fpdf2 (the ``samples`` extra).
     """
     from .pdf_writer import text_to_blocks, write_pdf
 

@@ -1,7 +1,8 @@
 """Write simple structured PDFs (headings, paragraphs, running header/footer, outline).
 
 Used to build the bundled sample PDF from its Markdown source and by the tests to make real
-PDFs with known structure. fpdf2's core fonts are Latin-1, so other characters are mapped to
+PDFs with known structure. Writing needs fpdf2 (``pip install 'llama-index-retrieval-kit[samples]'``);
+reading PDFs (``PagedPDFReader``, pypdf) does not. fpdf2's core fonts are Latin-1, so other characters are mapped to
 close ASCII equivalents first.
 """
 
@@ -34,8 +35,13 @@ def write_pdf(
     outline: bool = True,
     title: str = "",
 ) -> Path:
-    """Render ``blocks`` to ``path``; headings become outline entries when ``outline``."""
-    from fpdf import FPDF
+    """Render ``blocks`` to ``path``; headings become outline entries when ``outline``.
+
+    Needs fpdf2, the ``samples`` extra (:class:`~llama_index_retrieval_kit._extras.MissingExtraError` without it).
+    """
+    from .._extras import import_extra
+
+    FPDF = import_extra("samples", "fpdf", "writing PDFs (samples.pdf_writer, sample_pdf, rkit demo)").FPDF
 
     class _PDF(FPDF):
         def header(self) -> None:  # noqa: D401 - fpdf hook

@@ -91,11 +91,15 @@ def test_torch_backend_and_missing_onnxruntime_fall_back_to_pytorch(
     assert torch_only.get_query_embedding(QUERIES[0]) == reference.get_query_embedding(QUERIES[0])
 
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import fails as if not installed
-    caplog.set_level(logging.WARNING, logger="llama_index_retrieval_kit.embeddings.onnx_query")
+    caplog.set_level(logging.INFO, logger="llama_index_retrieval_kit.embeddings.onnx_query")
     no_ort = FastHuggingFaceEmbedding(model_name=model_dir, onnx_cache_dir=str(tmp_path))
     assert no_ort.get_query_embedding(QUERIES[1]) == reference.get_query_embedding(QUERIES[1])
     assert not no_ort.onnx_active
-    assert any("onnxruntime is not installed" in r.getMessage() for r in caplog.records)
+    # A core install (no 'onnx' extra) is expected: one INFO line naming the extra, no warning.
+    notes = [r for r in caplog.records if "needs the 'onnx' extra" in r.getMessage()]
+    assert len(notes) == 1 and notes[0].levelno == logging.INFO
+    assert "pip install 'llama-index-retrieval-kit[onnx]' (not installed: onnxruntime)" in notes[0].getMessage()
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert not list(tmp_path.rglob("model.onnx"))
 
 

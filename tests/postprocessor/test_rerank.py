@@ -392,9 +392,8 @@ def test_defaults_follow_the_design(monkeypatch: pytest.MonkeyPatch) -> None:
         reranker = CrossEncoderReranker()
         assert reranker.model == "BAAI/bge-reranker-large" and reranker.backend is RerankBackend.FLAG_EMBEDDING
         assert reranker.device == "auto" and reranker.use_fp16 is None and reranker.section_prefix
-    real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "FlagEmbedding" else real_find_spec(name, *a))
-    with pytest.raises(ImportError, match=r"pip install 'llama-index-retrieval-kit\[rerank\]'"):
+    monkeypatch.setitem(sys.modules, "FlagEmbedding", None)  # as on a core install (no 'rerank' extra)
+    with pytest.raises(ImportError, match=r"needs the 'rerank' extra: pip install 'llama-index-retrieval-kit\[rerank\]'"):
         CrossEncoderReranker()
 
 
@@ -454,6 +453,17 @@ def test_onnx_failure_falls_back_to_torch(model_dir: str, tmp_path: Path, monkey
     with caplog.at_level(logging.WARNING, logger=rerank_module.__name__):
         reranker = make_reranker(model_dir, onnx=True, onnx_cache_dir=str(tmp_path)).load()
     assert reranker.engine == "torch" and "RuntimeError: export failed" in caplog.text
+    assert len(reranker.postprocess_nodes(fused_candidates(3), query_str=QUERY)) == 3
+
+
+def test_onnx_without_the_extra_falls_back_to_torch_naming_it(
+    model_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # a core install: no 'onnx' extra
+    with caplog.at_level(logging.WARNING, logger=rerank_module.__name__):
+        reranker = make_reranker(model_dir, onnx=True, onnx_cache_dir=str(tmp_path)).load()
+    assert reranker.engine == "torch" and not list(tmp_path.rglob("*.onnx"))
+    assert "onnx=True needs the 'onnx' extra: pip install 'llama-index-retrieval-kit[onnx]' (not installed: onnxruntime)" in caplog.text
     assert len(reranker.postprocess_nodes(fused_candidates(3), query_str=QUERY)) == 3
 
 
