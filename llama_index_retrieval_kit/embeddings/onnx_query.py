@@ -32,7 +32,9 @@ import logging
 import os
 import sys
 import tempfile
+import statistics
 import threading
+import time
 import warnings
 from pathlib import Path
 from typing import Any, Dict, List, Literal, Optional, Tuple
@@ -194,6 +196,11 @@ class FastHuggingFaceEmbedding(HuggingFaceEmbedding):
         default=1e-4, gt=0, description="Largest |difference| from PyTorch on probe texts for the ONNX path to be used."
     )
     onnx_threads: int = Field(default=0, ge=0, description="ONNX Runtime intra-op threads (0: one per core).")
+    onnx_speed_check: bool = Field(
+        default=True,
+        description="On first use, time one-text queries in ONNX Runtime and PyTorch (interleaved, median of "
+        "7) and keep ONNX only where it is faster on this machine (e.g. not when PyTorch runs on a GPU).",
+    )
 
     _session: Any = PrivateAttr(default=None)
     _onnx_state: str = PrivateAttr(default="unset")  # unset | ready | off
@@ -209,6 +216,7 @@ class FastHuggingFaceEmbedding(HuggingFaceEmbedding):
         onnx_cache_dir: Optional[str] = None,
         onnx_tolerance: float = 1e-4,
         onnx_threads: int = 0,
+        onnx_speed_check: bool = True,
         **kwargs: Any,
     ) -> None:
         if query_backend not in ("onnx", "torch"):
@@ -227,6 +235,7 @@ class FastHuggingFaceEmbedding(HuggingFaceEmbedding):
         self.onnx_cache_dir = None if onnx_cache_dir is None else str(onnx_cache_dir)
         self.onnx_tolerance = onnx_tolerance
         self.onnx_threads = onnx_threads
+        self.onnx_speed_check = bool(onnx_speed_check)
 
     @classmethod
     def class_name(cls) -> str:
@@ -334,5 +343,26 @@ class FastHuggingFaceEmbedding(HuggingFaceEmbedding):
         if not worst <= self.onnx_tolerance:
             self._session = None
             return f"ONNX vectors differ from PyTorch by {worst:.2e} > onnx_tolerance={self.onnx_tolerance}"
+        if self.onnx_speed_check:
+            onnx_ms, torch_ms = self.time_query_backends()
+            if not onnx_ms < torch_ms:
+                self._session = None
+                return f"ONNX Runtime is not faster here ({onnx_ms:.1f} vs {torch_ms:.1f} ms per query in PyTorch)"
+            logger.info("%s: ONNX query path %.1f ms vs PyTorch %.1f ms per query", self.model_name, onnx_ms, torch_ms)
         logger.debug("ONNX query path ready for %s (max |diff| %.1e)", self.model_name, worst)
         return None
+
+    def time_query_backends(self, rounds: int = 7) -> tuple:
+        """Median ms of one short query in ONNX Runtime and in PyTorch, interleaved (same load)."""
+        text = _PROBES[0]
+        onnx_times, torch_times = [], []
+        self._onnx_embed([text], prompt_name="query")  # warm both
+        super()._embed([text], prompt_name="query")
+        for _ in range(rounds):
+            started = time.perf_counter()
+            self._onnx_embed([text], prompt_name="query")
+            onnx_times.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            super()._embed([text], prompt_name="query")
+            torch_times.append(time.perf_counter() - started)
+        return statistics.median(onnx_times) * 1000, statistics.median(torch_times) * 1000
