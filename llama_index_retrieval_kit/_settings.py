@@ -1,6 +1,7 @@
 """What the user set on LlamaIndex's global ``Settings``, read without building its defaults.
 
-``Settings.llm`` / ``Settings.embed_model`` build OpenAI models on first access when nothing was
+``Settings.llm`` / ``Settings.embed_model`` build OpenAI models (and ``Settings.node_parser`` a
+``SentenceSplitter``) on first access when nothing was
 set, and LlamaIndex has no public "was it set?" query; so this module, and only this one, reads
 the two slots behind those properties. This package never falls back to a paid API.
 """
@@ -24,3 +25,13 @@ def settings_llm() -> Optional[Any]:
     from llama_index.core import Settings
 
     return getattr(Settings, "_llm", None)
+
+
+def settings_node_parser() -> Optional[Any]:
+    """``Settings.node_parser`` when the user set one, directly or through ``Settings.chunk_size`` /
+    ``Settings.chunk_overlap`` (which configure LlamaIndex's default ``SentenceSplitter``), else None."""
+    from llama_index.core import Settings
+    from llama_index.core.node_parser import NodeParser
+
+    parser = getattr(Settings, "_node_parser", None)
+    return parser if isinstance(parser, NodeParser) else None

@@ -63,7 +63,7 @@ from llama_index.core.vector_stores.types import MetadataFilters
 from llama_index.core.vector_stores.utils import node_to_metadata_dict
 
 from .._enums import DenseSearch, EngineFusion, RetrieverMode
-from .._settings import settings_embed_model, settings_llm
+from .._settings import settings_embed_model, settings_llm, settings_node_parser
 from ..models import DEFAULT_EMBED_MODEL, default_embed_model, embed_model_name
 from ..node_parser import SectionHierarchyNodeParser, SectionWindowNodeParser
 from ..retrievers.bm25 import BM25Retriever, BM25TokenizerConfig
@@ -457,7 +457,9 @@ class HybridIndex:
 
         ``overwrite=True`` replaces an existing index there; otherwise an existing index is an
         error (use :meth:`load` and :meth:`upsert`). ``embed_model`` defaults to LlamaIndex's
-        ``Settings.embed_model`` when you set one, else the packaged offline MiniLM.
+        ``Settings.embed_model`` when you set one, else the packaged offline MiniLM;
+        ``node_parser`` to ``Settings.node_parser`` when you set one (``Settings.chunk_size`` /
+        ``chunk_overlap`` set LlamaIndex's ``SentenceSplitter``), else :class:`SectionWindowNodeParser`.
 
         The index is built in a sibling folder (``.<name>.building``) and renamed to
         ``storage_dir`` only when complete, so an interrupted or failed build leaves any previous
@@ -475,6 +477,10 @@ class HybridIndex:
         if storage.exists() and not storage.is_dir():
             raise ValueError(f"{storage} is a file, not a folder: choose another storage_dir")
         embed_model = embed_model or settings_embed_model() or default_embed_model()
+        if node_parser is None:
+            node_parser = settings_node_parser()  # Settings.node_parser / chunk_size, when the user set them
+            if node_parser is not None:
+                logger.info("chunking with Settings.node_parser (%s)", type(node_parser).__name__)
         node_parser = node_parser or SectionWindowNodeParser()
         tokenizer_config = tokenizer_config or BM25TokenizerConfig()
         config: Dict[str, Any] = {

@@ -343,6 +343,26 @@ def test_settings_embed_model_is_honoured(tmp_path: Path, embed_model) -> None:
         Settings._embed_model = None
 
 
+def test_settings_node_parser_and_chunk_size_are_honoured(tmp_path: Path, embed_model) -> None:
+    """Settings.chunk_size (LlamaIndex's SentenceSplitter) or Settings.node_parser chunk from_documents
+    when no node_parser is passed; load keeps the parser recorded in the folder."""
+    from llama_index.core import Settings
+    from llama_index.core.node_parser import SentenceSplitter
+
+    docs, _ = read_documents([_contracts(tmp_path) / "clientA"])
+    Settings.chunk_size = 256
+    try:
+        with HybridIndex.from_documents(docs, tmp_path / "settings", embed_model=embed_model) as index:
+            assert isinstance(index.node_parser, SentenceSplitter) and index.node_parser.chunk_size == 256
+        Settings._node_parser = None  # no public way to unset it
+        with HybridIndex.load(tmp_path / "settings", embed_model=embed_model) as index:
+            assert isinstance(index.node_parser, SentenceSplitter) and index.node_parser.chunk_size == 256
+        with HybridIndex.from_documents(docs, tmp_path / "default", embed_model=embed_model) as index:
+            assert type(index.node_parser).__name__ == "SectionWindowNodeParser"
+    finally:
+        Settings._node_parser = None
+
+
 def test_an_index_never_closed_releases_its_folder_quietly(index_dir: Path, embed_model) -> None:
     """Forgetting close() neither locks the folder forever nor prints a traceback at exit."""
     import gc
