@@ -177,6 +177,10 @@ def _fuse_transformer_ops(onnx_path: str, config: Any) -> None:
         logger.info("ONNX Runtime fusion skipped (%s: %s); using the plain export", type(exc).__name__, exc)
 
 
+class _NotFaster(str):
+    """Why the ONNX path is off when the reason is only speed (an expected outcome: logged at INFO)."""
+
+
 class FastHuggingFaceEmbedding(HuggingFaceEmbedding):
     """``HuggingFaceEmbedding`` whose query embeddings run in ONNX Runtime (same weights).
 
@@ -286,7 +290,9 @@ class FastHuggingFaceEmbedding(HuggingFaceEmbedding):
                 except Exception as exc:  # any export/runtime failure: fall back, never fail a query
                     reason = f"{type(exc).__name__}: {exc}"
                 if reason:
-                    logger.warning("query embeddings of %s use PyTorch: %s", self.model_name, reason)
+                    # Slower on this machine is an expected outcome (INFO); a failed export or check is not.
+                    level = logging.INFO if isinstance(reason, _NotFaster) else logging.WARNING
+                    logger.log(level, "query embeddings of %s use PyTorch: %s", self.model_name, reason)
                     self._onnx_state = "off"
                 else:
                     self._onnx_state = "ready"
@@ -347,7 +353,7 @@ class FastHuggingFaceEmbedding(HuggingFaceEmbedding):
             onnx_ms, torch_ms = self.time_query_backends()
             if not onnx_ms < torch_ms:
                 self._session = None
-                return f"ONNX Runtime is not faster here ({onnx_ms:.1f} vs {torch_ms:.1f} ms per query in PyTorch)"
+                return _NotFaster(f"ONNX Runtime is not faster here ({onnx_ms:.1f} vs {torch_ms:.1f} ms per query in PyTorch)")
             logger.info("%s: ONNX query path %.1f ms vs PyTorch %.1f ms per query", self.model_name, onnx_ms, torch_ms)
         logger.debug("ONNX query path ready for %s (max |diff| %.1e)", self.model_name, worst)
         return None
