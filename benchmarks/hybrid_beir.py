@@ -621,10 +621,8 @@ def cold_builds(
                 embed_model=embed_model, tokenizer_config=tokenizer_config(bm), bm25_k1=bm["k1"], bm25_b=bm["b"],
             )
             seconds = time.perf_counter() - t0
-        from llama_index_retrieval_kit.retrievers.qdrant_hybrid import DENSE_VECTOR
-
-        pts = index.client.scroll(index.config["collection"], limit=100_000, with_vectors=[DENSE_VECTOR], with_payload=False)[0]
-        our_vectors = {str(p.id): np.asarray(p.vector[DENSE_VECTOR], dtype=np.float32) for p in pts}
+        # Keyed by point id, which is the node id (our chunk ids are UUIDs), as in LlamaIndex's collection.
+        our_vectors = {pid: np.asarray(vec, dtype=np.float32) for pid, vec in index.store.dense_vectors().items()}
         record("ours HybridIndex.from_documents", seconds, len(index), mem.delta_mb,
                "dense + sparse + BM25 + docstore, empty embedding cache")
         index.close()

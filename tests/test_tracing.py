@@ -59,25 +59,14 @@ class Recorder(BaseEventHandler):
 
 @pytest.fixture(scope="module")
 def sample_index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HybridIndex]:
-    template = _support.build_template(tmp_path_factory.mktemp("trace_template"))
-    path = _support.copy_index(template, tmp_path_factory.mktemp("trace") / "index")
-    index = HybridIndex.load(path, embed_model=_support.embed_model())
-    try:
+    with _support.opened_sample_copy(tmp_path_factory.mktemp("trace")) as index:
         yield index
-    finally:
-        index.close()
 
 
 @pytest.fixture(scope="module")
 def gate(sample_index: HybridIndex) -> NoAnswerPostprocessor:
     """Calibrated on the bundled questions, as tests/postprocessor/test_no_answer.py does."""
-    dataset = load_jsonl(QUESTIONS_FILE)
-    return NoAnswerPostprocessor.calibrate(
-        sample_index.as_retriever("hybrid", similarity_top_k=8),
-        dataset,
-        exclusion_retriever=lambda f: sample_index.as_retriever("hybrid", similarity_top_k=8, filters=f),
-        no_answer_text="No answer in these documents.",
-    )
+    return _support.calibrated_gate(sample_index, top_k=8)
 
 
 @pytest.fixture(scope="module")

@@ -194,21 +194,6 @@ def server_client(url: str, api_key: Optional[str] = None) -> Any:
     return QdrantClient(url=url, api_key=api_key)
 
 
-def _open_store(storage: Path, config: Dict[str, Any], api_key: Optional[str], fresh: bool = False) -> Any:
-    """The point store of an index folder: the Edge shard in ``storage/edge`` or the server
-    collection of ``config["qdrant_url"]``. A shard open elsewhere is an IndexBusyError; one the
-    engine cannot read a DamagedIndexError naming it."""
-    url = config.get("qdrant_url")
-    if url:
-        return _store.ServerPoints(server_client(url, api_key), config["collection"], url=url)
-    try:
-        return _store.EdgePoints(storage / STORE_DIR, fresh=fresh)
-    except _store.StoreBusyError:
-        raise IndexBusyError(storage) from None
-    except _store.StoreDamagedError as exc:
-        raise _storage.DamagedIndexError(exc.path, exc.problem, storage) from exc
-
-
 def _read_generation(storage: Path, gen: int, custom_tokenizer: Any) -> tuple[BM25Retriever, SimpleDocumentStore]:
     """Load generation ``gen``'s BM25 index and docstore; unreadable files are a DamagedIndexError."""
     folder = _storage.bm25_dir(storage, gen)
@@ -664,7 +649,16 @@ class HybridIndex:
 
     @staticmethod
     def _open_store(storage: Path, config: Dict[str, Any], api_key: Optional[str], fresh: bool = False) -> Any:
-        return _open_store(storage, config, api_key, fresh=fresh)
+        """The point store of an index folder: the Edge shard in ``storage/edge`` or the server
+        collection of ``config["qdrant_url"]``. A shard open elsewhere is an IndexBusyError; one
+        the engine cannot read a DamagedIndexError naming it (``store.StoreDamagedError``)."""
+        url = config.get("qdrant_url")
+        if url:
+            return _store.ServerPoints(server_client(url, api_key), config["collection"], url=url)
+        try:
+            return _store.EdgePoints(storage / STORE_DIR, fresh=fresh)
+        except _store.StoreBusyError:
+            raise IndexBusyError(storage) from None
 
     def _migrate_from_local_mode(self) -> None:
         """Rebuild the points of a format-1 folder in Qdrant Edge, from the committed docstore and
@@ -688,14 +682,7 @@ class HybridIndex:
             leaves = list(self.bm25.snapshot.nodes)
             before = len(self.cache)
             if leaves:
-                vectors = embed_texts(
-                    self.embed_model,
-                    [n.get_content(metadata_mode=MetadataMode.EMBED) for n in leaves],
-                    self.cache,
-                    batch_size=self.config["embed_batch_size"],
-                )
-                self._ensure_collection(vectors.shape[1])
-                self._write_points(leaves, vectors)
+                self._write_leaves_from_cache(leaves)
             elif self.config.get("embed_dim"):
                 self._ensure_collection(self.config["embed_dim"])
             self.store.flush()
@@ -937,6 +924,16 @@ class HybridIndex:
         )
         return tokens
 
+    def _write_leaves_from_cache(self, leaves: Sequence[BaseNode]) -> None:
+        """(Re)write the points of committed ``leaves``, their vectors from the embedding cache (the
+        model embeds what it lacks): a roll-back and a migration."""
+        if not leaves:
+            return
+        texts = [n.get_content(metadata_mode=MetadataMode.EMBED) for n in leaves]
+        vectors = embed_texts(self.embed_model, texts, self.cache, batch_size=self.config["embed_batch_size"])
+        self._ensure_collection(vectors.shape[1])
+        self._write_points(leaves, vectors)
+
     def _begin(self, touched_ids: Sequence[str]) -> None:
         """Record what the next write touches, so a crash can be rolled back on open.
 
@@ -1096,11 +1093,7 @@ class HybridIndex:
         drop = [i for i in touched if i not in keep_ids]
         if drop:
             self.store.delete_points([_store.point_id(i) for i in drop])
-        leaves = [n for n in keep if not n.child_nodes]
-        if leaves:
-            vectors = embed_texts(self.embed_model, [n.get_content(metadata_mode=MetadataMode.EMBED) for n in leaves], self.cache)
-            self._ensure_collection(vectors.shape[1])
-            self._write_points(leaves, vectors)
+        self._write_leaves_from_cache([n for n in keep if not n.child_nodes])
         self.store.refresh()
         self._dense = None
         nxt = pending["generation"]

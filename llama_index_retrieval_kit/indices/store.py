@@ -42,6 +42,7 @@ from llama_index.core.schema import TextNode
 from llama_index.core.vector_stores.types import FilterCondition, FilterOperator, MetadataFilter, MetadataFilters
 
 from ..retrievers.filters import validate_filters
+from .storage import DamagedIndexError, FileLock, IndexWriteLockedError, remove_path
 
 try:
     import qdrant_edge as qe
@@ -625,13 +626,7 @@ class StoreBusyError(RuntimeError):
         self.path = path
 
 
-def _damaged_error_base() -> type:
-    from .storage import DamagedIndexError
-
-    return DamagedIndexError
-
-
-class StoreDamagedError(_damaged_error_base()):  # type: ignore[misc]
+class StoreDamagedError(DamagedIndexError):
     """The engine could not read the store's files (a ``DamagedIndexError``: ``rkit`` exit 4)."""
 
     def __init__(self, path: Path, problem: str) -> None:
@@ -641,10 +636,15 @@ class StoreDamagedError(_damaged_error_base()):  # type: ignore[misc]
         self.problem = problem
 
 
+def is_engine_panic(exc: BaseException) -> bool:
+    """A Rust panic inside Qdrant Edge: ``pyo3_runtime.PanicException``, a ``BaseException`` that
+    ``except Exception`` misses."""
+    return type(exc).__name__ == "PanicException"
+
+
 def is_engine_error(exc: BaseException) -> bool:
-    """An error raised inside Qdrant Edge: its errors are bare ``Exception``s and its Rust panics
-    ``pyo3_runtime.PanicException`` (a ``BaseException``, which ``except Exception`` misses)."""
-    return type(exc) is Exception or type(exc).__name__ == "PanicException"
+    """An error raised inside Qdrant Edge: its errors are bare ``Exception``s, or a panic."""
+    return type(exc) is Exception or is_engine_panic(exc)
 
 
 @contextlib.contextmanager
@@ -664,7 +664,7 @@ def engine_writes(path: Path) -> Iterator[None]:
     try:
         yield
     except BaseException as exc:
-        if type(exc).__name__ == "PanicException":
+        if is_engine_panic(exc):
             raise RuntimeError(f"Qdrant Edge failed writing {path}: {str(exc)[:300]}") from exc
         raise
 
@@ -695,8 +695,6 @@ class EdgePoints:
     def __init__(self, path: Union[str, Path], fresh: bool = False) -> None:
         """Open (or prepare) the store in ``path``; ``fresh=True`` deletes a shard found there
         first (under the lock: never one open elsewhere)."""
-        from .storage import FileLock, IndexWriteLockedError, remove_path
-
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
         self._lock = FileLock(self.path / STORE_LOCK)
@@ -899,6 +897,26 @@ class EdgePoints:
             self._lock.release()
 
 
+def point_ids_filter(allowed_ids: Sequence[str], excluded_ids: Sequence[str]) -> Any:
+    """A qdrant-client filter admitting exactly the points ``allowed_ids`` (all others are
+    ``excluded_ids``): whichever list is shorter goes into the request (``has_id``, or
+    ``must_not`` ``has_id``); an empty allowed list admits nothing."""
+    from qdrant_client import models
+
+    if len(excluded_ids) < len(allowed_ids):
+        if not excluded_ids:
+            return models.Filter()
+        return models.Filter(must_not=[models.HasIdCondition(has_id=list(excluded_ids))])
+    return models.Filter(must=[models.HasIdCondition(has_id=list(allowed_ids))])
+
+
+def sparse_vectors_config() -> Dict[str, Any]:
+    """The sparse vector of a hybrid collection on a server: BM25 weights with Qdrant's IDF modifier."""
+    from qdrant_client import models
+
+    return {SPARSE_VECTOR: models.SparseVectorParams(modifier=models.Modifier.IDF)}
+
+
 class ServerPoints:
     """The server transport: a collection on a Qdrant server or cluster through qdrant-client
     (also qdrant-client's local mode, which stands in for a server in tests).
@@ -941,7 +959,7 @@ class ServerPoints:
         self.client.create_collection(
             self.collection,
             vectors_config={DENSE_VECTOR: models.VectorParams(size=dense_dim, distance=models.Distance.COSINE)},
-            sparse_vectors_config={SPARSE_VECTOR: models.SparseVectorParams(modifier=models.Modifier.IDF)},
+            sparse_vectors_config=sparse_vectors_config(),
         )
 
     def upsert_points(self, point_ids: Sequence[str], dense: np.ndarray, sparse: Sequence[Any], payloads: Sequence[Mapping[str, Any]]) -> None:
@@ -994,13 +1012,8 @@ class ServerPoints:
                 return
 
     def ids_filter(self, allowed_node_ids: Sequence[str], excluded_node_ids: Sequence[str]) -> Any:
-        from qdrant_client import models
-
-        if len(excluded_node_ids) < len(allowed_node_ids):
-            if not excluded_node_ids:
-                return models.Filter()
-            return models.Filter(must_not=[models.HasIdCondition(has_id=[point_id(n) for n in excluded_node_ids])])
-        return models.Filter(must=[models.HasIdCondition(has_id=[point_id(n) for n in allowed_node_ids])])
+        """As :meth:`EdgePoints.ids_filter`, as a qdrant-client filter."""
+        return point_ids_filter([point_id(n) for n in allowed_node_ids], [point_id(n) for n in excluded_node_ids])
 
     def search(
         self,

@@ -44,8 +44,8 @@ from .filters import validate_filters
 
 logger = logging.getLogger(__name__)
 
-DENSE_VECTOR = "text-dense"
-SPARSE_VECTOR = "text-sparse-new"
+# The collection schema and the server-side filter are the store's (indices/store.py), re-exported here.
+from ..indices.store import DENSE_VECTOR, SPARSE_VECTOR, ServerPoints, point_ids_filter, sparse_vectors_config  # noqa: E402,F401
 
 
 @functools.lru_cache(maxsize=1 << 20)
@@ -79,19 +79,6 @@ def bm25_query_vector(tokens: Sequence[str]) -> models.SparseVector:
     return models.SparseVector(indices=ids, values=[float(counts[i]) for i in ids])
 
 
-def point_ids_filter(allowed_ids: Sequence[str], excluded_ids: Sequence[str]) -> models.Filter:
-    """A Qdrant filter admitting exactly ``allowed_ids`` (all other points are ``excluded_ids``).
-
-    Whichever list is shorter goes into the request (``has_id``, or ``must_not`` ``has_id``); an
-    empty allowed list admits nothing.
-    """
-    if len(excluded_ids) < len(allowed_ids):
-        if not excluded_ids:
-            return models.Filter()
-        return models.Filter(must_not=[models.HasIdCondition(has_id=list(excluded_ids))])
-    return models.Filter(must=[models.HasIdCondition(has_id=list(allowed_ids))])
-
-
 def qdrant_filter(
     filters: Optional[MetadataFilters],
     point_filter: Optional[Callable[[], Optional[models.Filter]]],
@@ -122,14 +109,7 @@ def points_store(client: Any, collection_name: Optional[str]) -> Any:
         return client
     if not collection_name:
         raise ValueError("a QdrantClient needs collection_name=")
-    from ..indices.store import ServerPoints
-
     return ServerPoints(client, collection_name)
-
-
-def sparse_vectors_config() -> dict[str, models.SparseVectorParams]:
-    """The sparse vector of a hybrid collection: BM25 weights with Qdrant's IDF modifier."""
-    return {SPARSE_VECTOR: models.SparseVectorParams(modifier=models.Modifier.IDF)}
 
 
 class QdrantHybridRetriever(CheckedQueryMixin, BaseRetriever):

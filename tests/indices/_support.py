@@ -7,13 +7,14 @@ index (docstore, BM25, Qdrant dense and sparse vectors) and compare them.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 from llama_index.core.schema import BaseNode, Document, MetadataMode, NodeWithScore, QueryBundle
@@ -123,6 +124,31 @@ def build_template(base_dir: Path) -> Template:
             index.close()
         _TEMPLATE = Template(path=path, doc_ids=doc_ids, built_results=results)
     return _TEMPLATE
+
+
+@contextlib.contextmanager
+def opened_sample_copy(base_dir: Path) -> Iterator[HybridIndex]:
+    """A private copy of the sample template under ``base_dir``, open for the ``with`` block."""
+    template = build_template(Path(base_dir) / "template_base")
+    index = HybridIndex.load(copy_index(template, Path(base_dir) / "index"), embed_model=embed_model())
+    try:
+        yield index
+    finally:
+        index.close()
+
+
+def calibrated_gate(index: HybridIndex, top_k: int) -> Any:
+    """A NoAnswerPostprocessor calibrated on the bundled questions (with near misses made by
+    excluding each answer's documents), on ``index``'s hybrid retriever at ``top_k``."""
+    from llama_index_retrieval_kit import NoAnswerPostprocessor
+    from llama_index_retrieval_kit.evaluation import load_jsonl
+
+    return NoAnswerPostprocessor.calibrate(
+        index.as_retriever("hybrid", similarity_top_k=top_k),
+        load_jsonl(QUESTIONS_FILE),
+        exclusion_retriever=lambda f: index.as_retriever("hybrid", similarity_top_k=top_k, filters=f),
+        no_answer_text="No answer in these documents.",
+    )
 
 
 def copy_index(template: Template, dest: Path) -> Path:

@@ -208,25 +208,14 @@ class FailingLLM(MockLLM):
 
 @pytest.fixture(scope="module")
 def sample_index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HybridIndex]:
-    template = _support.build_template(tmp_path_factory.mktemp("gate_template"))
-    path = _support.copy_index(template, tmp_path_factory.mktemp("gate") / "index")
-    index = HybridIndex.load(path, embed_model=_support.embed_model())
-    try:
+    with _support.opened_sample_copy(tmp_path_factory.mktemp("gate")) as index:
         yield index
-    finally:
-        index.close()
 
 
 @pytest.fixture(scope="module")
 def gate(sample_index: HybridIndex) -> NoAnswerPostprocessor:
     """Calibrated on the bundled questions, with hard unanswerable ones made by excluding the answer."""
-    dataset = load_jsonl(QUESTIONS_FILE)
-    return NoAnswerPostprocessor.calibrate(
-        sample_index.as_retriever("hybrid", similarity_top_k=5),
-        dataset,
-        exclusion_retriever=lambda f: sample_index.as_retriever("hybrid", similarity_top_k=5, filters=f),
-        no_answer_text="No answer in these documents.",
-    )
+    return _support.calibrated_gate(sample_index, top_k=5)
 
 
 def test_calibrate_counts_questions_without_references_as_unanswerable(gate: NoAnswerPostprocessor) -> None:
