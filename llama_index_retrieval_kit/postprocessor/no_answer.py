@@ -27,6 +27,7 @@ it handles the ``SynthesizeEndEvent`` of that query). Streaming and async engine
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import json
 import logging
 import math
@@ -312,6 +313,7 @@ class GateDecision:
     confidence: float
     threshold: float
     best_rejected: Optional[Dict[str, Any]]
+    retrieval_since: bool = False  # a retrieval started after the gate closed (another query's)
 
     def metadata(self) -> Dict[str, Any]:
         return {
@@ -340,6 +342,7 @@ def _install_response_handler() -> None:
             return
         from llama_index.core.instrumentation import get_dispatcher
         from llama_index.core.instrumentation.event_handlers import BaseEventHandler
+        from llama_index.core.instrumentation.events.retrieval import RetrievalStartEvent
         from llama_index.core.instrumentation.events.synthesis import SynthesizeEndEvent
 
         class NoAnswerResponseHandler(BaseEventHandler):
@@ -352,18 +355,32 @@ def _install_response_handler() -> None:
             def handle(self, event: Any, **kwargs: Any) -> Any:
                 if isinstance(event, SynthesizeEndEvent):
                     apply_decision(event.query, event.response)
+                elif isinstance(event, RetrievalStartEvent):
+                    _mark_retrieval_started()
 
         get_dispatcher().add_event_handler(NoAnswerResponseHandler())
         _HANDLER_INSTALLED = True
 
 
+def _mark_retrieval_started() -> None:
+    """A retrieval started: a closed gate's decision now answers only a synthesis of its own question."""
+    decision = _CLOSED.get()
+    if decision is not None and not decision.retrieval_since:
+        _CLOSED.set(dataclasses.replace(decision, retrieval_since=True))
+
+
 def apply_decision(query: Any, response: Any) -> bool:
     """Turn ``response`` (an empty synthesis of ``query``) into the closed gate's answer.
 
-    Returns True when it did; a response with source nodes, or of another query, is left alone.
+    The synthesis belongs to the gate's query when it asks the same question, or when no
+    retrieval started since the gate closed: chat engines (``CondensePlusContextChatEngine``)
+    retrieve with a rewritten question and then synthesize the user's message. Returns True when
+    it did; a response with source nodes, or of another query, is left alone.
     """
     decision = _CLOSED.get()
-    if decision is None or decision.query_str != _query_text(query) or getattr(response, "source_nodes", None):
+    if decision is None or getattr(response, "source_nodes", None):
+        return False
+    if decision.query_str != _query_text(query) and decision.retrieval_since:
         return False
     _CLOSED.set(None)
     response.metadata = {**(getattr(response, "metadata", None) or {}), **decision.metadata()}

@@ -260,6 +260,61 @@ def test_query_engine_abstains_without_calling_the_llm(gate: NoAnswerPostprocess
     assert response.metadata["no_answer"] is True
 
 
+class RewritingLLM(FailingLLM):
+    """Rewrites a follow-up into ``rewritten`` (the chat engine's condense step); any other call fails."""
+
+    rewritten: str = ""
+
+    def complete(self, prompt, formatted: bool = False, **kwargs):  # type: ignore[override]
+        from llama_index.core.base.llms.types import CompletionResponse
+
+        if "Follow Up" in prompt or "follow up" in prompt.lower():
+            return CompletionResponse(text=self.rewritten)
+        raise AssertionError("the LLM was called although the gate closed")
+
+    async def acomplete(self, prompt, formatted: bool = False, **kwargs):  # type: ignore[override]
+        return self.complete(prompt, formatted, **kwargs)
+
+
+def test_chat_engine_that_rewrites_the_question_abstains(gate: NoAnswerPostprocessor, sample_index: HybridIndex) -> None:
+    """CondensePlusContextChatEngine retrieves with the rewritten question, then synthesizes the
+    user's own message: the gate's answer must still replace LlamaIndex's "Empty Response"."""
+    from llama_index.core.chat_engine import CondensePlusContextChatEngine
+    from llama_index.core.llms import ChatMessage
+
+    question = _closed_question(gate, sample_index)
+    llm = RewritingLLM()
+    llm.rewritten = question
+    engine = CondensePlusContextChatEngine.from_defaults(
+        sample_index.as_retriever("hybrid", similarity_top_k=5), llm=llm, node_postprocessors=[gate]
+    )
+    history = [ChatMessage(role="user", content="Hello"), ChatMessage(role="assistant", content="Hi, ask me about the documents.")]
+    reply = engine.chat("and what about that?", chat_history=history)
+    assert str(reply) == "No answer in these documents."
+    assert reply.source_nodes == []
+    async_reply = asyncio.run(engine.achat("and what about that?", chat_history=history))
+    assert str(async_reply) == "No answer in these documents."
+    # A later query with an open gate is answered normally: the decision was used up.
+    open_engine = sample_index.as_query_engine(llm=MockLLM(max_tokens=5), node_postprocessors=[gate])
+    response = open_engine.query("How much is the late payment fee?")
+    assert response.source_nodes and not (response.metadata or {}).get("no_answer")
+
+
+def test_a_closed_decision_does_not_answer_another_query_after_a_new_retrieval(gate: NoAnswerPostprocessor, sample_index: HybridIndex) -> None:
+    from llama_index.core.base.response.schema import Response
+
+    from llama_index_retrieval_kit.postprocessor.no_answer import apply_decision
+
+    question = _closed_question(gate, sample_index)
+    nodes = sample_index.as_retriever("hybrid", similarity_top_k=5).retrieve(question)
+    assert gate.postprocess_nodes(nodes, query_str=question) == []
+    sample_index.as_retriever("hybrid", similarity_top_k=5).retrieve("another question entirely")  # a new retrieval
+    other = Response(response="Empty Response", source_nodes=[])
+    assert apply_decision("another question entirely", other) is False and other.response == "Empty Response"
+    own = Response(response="Empty Response", source_nodes=[])
+    assert apply_decision(question, own) is True and own.response == "No answer in these documents."
+
+
 def test_open_gate_passes_the_nodes_unchanged(gate: NoAnswerPostprocessor, sample_index: HybridIndex) -> None:
     retriever = sample_index.as_retriever("hybrid", similarity_top_k=5)
     question = "How much is the late payment fee?"
