@@ -21,4 +21,6 @@ def test_random_kills_leave_the_folder_before_or_after_the_write(tmp_path: Path)
     trials = _kill.run_trials(folder, TRIALS, seed=7, max_wait_s=2.0)
     assert len(trials) == TRIALS
     assert all(t.committed >= 1 for t in trials)  # killed among writes, after the first committed one
-    assert max(t.committed for t in trials) > 3
+    # Kills land after different numbers of writes (how many depends on the machine's speed: a
+    # loaded 2-core VM commits one write per 0.5 s, an idle one several).
+    assert len({t.committed for t in trials}) >= 2
