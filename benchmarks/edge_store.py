@@ -1,4 +1,4 @@
-"""EdgeStore (Qdrant Edge) against qdrant-client's local mode, same random data, same run.
+"""EdgePoints (Qdrant Edge) against qdrant-client's local mode, same random data, same run.
 
     .venv/bin/python benchmarks/edge_store.py                 # 20k points (Edge), 2k (local mode)
     .venv/bin/python benchmarks/edge_store.py --points 100000 --local-points 5000
@@ -26,7 +26,7 @@ from llama_index.core.vector_stores.types import MetadataFilter, MetadataFilters
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from llama_index_retrieval_kit.indices.store import EdgeStore  # noqa: E402
+from llama_index_retrieval_kit.indices.store import EdgePoints, node_payload, point_id  # noqa: E402
 
 logger = logging.getLogger("edge_store_bench")
 TENANTS = 20
@@ -56,22 +56,23 @@ def _p50_ms(run: Callable[[np.ndarray], object], queries: np.ndarray) -> float:
 
 def bench_edge(folder: Path, n: int, dim: int) -> Dict[str, float]:
     nodes, vectors, sparse, queries = _data(n, dim, 0)
-    store = EdgeStore.create(folder / "edge", dim)
-    store.index_metadata_key("tenant")
+    store = EdgePoints(folder / "edge")
+    store.create(dim)
+    only = MetadataFilters(filters=[MetadataFilter(key="tenant", value="t3")])
     start = time.perf_counter()
-    store.upsert(nodes, vectors, sparse)
+    store.upsert_points([point_id(n.node_id) for n in nodes], vectors, sparse, [node_payload(n) for n in nodes])
     store.flush()
     upsert_s = time.perf_counter() - start
     start = time.perf_counter()
     store.optimize()
     optimize_s = time.perf_counter() - start
-    only = MetadataFilters(filters=[MetadataFilter(key="tenant", value="t3")])
+    tenant = store.metadata_filter(only, nodes)  # translated for the engine; creates the tenant payload index
     result = {
         "points": n,
         "upsert points/s": n / upsert_s,
         "optimize s": optimize_s,
-        "dense top-100 ms": _p50_ms(lambda q: store.query(dense=q, limit=100), queries),
-        "filtered top-100 ms": _p50_ms(lambda q: store.query(dense=q, filter=only, limit=100), queries),
+        "dense top-100 ms": _p50_ms(lambda q: store.search(q.tolist(), limit=100), queries),
+        "filtered top-100 ms": _p50_ms(lambda q: store.search(q.tolist(), limit=100, filter=tenant), queries),
     }
     store.close()
     return result
@@ -115,7 +116,7 @@ def main(argv: List[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
-        rows["qdrant-edge EdgeStore"] = bench_edge(Path(tmp), args.points, args.dim)
+        rows["qdrant-edge EdgePoints"] = bench_edge(Path(tmp), args.points, args.dim)
         if args.local_points:
             rows["qdrant-client local mode"] = bench_local(Path(tmp), args.local_points, args.dim)
     columns = ["points", "upsert points/s", "optimize s", "dense top-100 ms", "filtered top-100 ms"]

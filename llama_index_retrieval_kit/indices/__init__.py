@@ -1,4 +1,4 @@
-"""Indexes: the hybrid storage folder and the embedding cache."""
+"""Indexes: the hybrid storage folder (its manifest, write journal and point store) and the embedding cache."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ _EXPORTS = {
     "DocumentIdConflictError": ".hybrid_index",
     "HybridIndex": ".hybrid_index",
     "IndexBusyError": ".hybrid_index",
+    "IndexManifest": ".manifest",
     "DamagedIndexError": ".storage",
     "IndexReadOnlyError": ".storage",
     "IndexWriteLockedError": ".storage",
@@ -27,6 +28,7 @@ __all__ = [
     "RETRIEVER_OPTIONS",
     "DocumentIdConflictError",
     "IndexBusyError",
+    "IndexManifest",
     "DamagedIndexError",
     "IndexReadOnlyError",
     "IndexWriteLockedError",
@@ -47,5 +49,6 @@ if TYPE_CHECKING:  # the real imports, for type checkers and IDEs
         HybridIndex,
         IndexBusyError,
     )
+    from .manifest import IndexManifest
     from .storage import DamagedIndexError, IndexReadOnlyError, IndexWriteLockedError
     from .store import EdgePoints, ServerPoints

@@ -2,15 +2,15 @@
 
 Layout of ``storage_dir``::
 
-    index.json            config + manifest (embedding model, parser, BM25 settings, generation)
+    index.json            the manifest (:mod:`.manifest`: embedding model, parser, BM25 settings, generation)
     edge/                 the Qdrant Edge shard: Qdrant's engine in-process (absent when
                           ``qdrant_url`` points at a server)
     bm25/gen-<N>/         the BM25 index of generation N
     docstore/gen-<N>.json every node (parents too), for AutoMergingRetriever and re-indexing
     embeddings.sqlite     embedding cache keyed by (model, text hash)
 
-Writes are crash-safe: an update first records the node ids it will touch in ``index.json``
-(``pending``), then writes Qdrant and the next generation's files, then switches
+Writes are crash-safe (:mod:`.journal`): an update first records the node ids it will touch in
+``index.json`` (``pending``), then writes Qdrant and the next generation's files, then switches
 ``index.json`` to the new generation in one atomic rename. Opening a folder whose last update
 did not finish rolls the point store back to the committed generation (vectors come from the embedding
 cache), so the previous index is what you read. A write that fails with an exception does the
@@ -41,14 +41,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import logging
 import os
-import pickle
 import sqlite3
 import threading
 import weakref
-import zipfile
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -60,33 +57,30 @@ from llama_index.core.node_parser import NodeParser, get_leaf_nodes
 from llama_index.core.schema import BaseNode, Document, MetadataMode
 from llama_index.core.storage.docstore import SimpleDocumentStore
 from llama_index.core.vector_stores.types import MetadataFilters
-from llama_index.core.vector_stores.utils import node_to_metadata_dict
 
 from .._enums import DenseSearch, EngineFusion, RetrieverMode
 from .._settings import settings_embed_model, settings_llm, settings_node_parser
 from ..models import DEFAULT_EMBED_MODEL, default_embed_model, embed_model_name
-from ..node_parser import SectionHierarchyNodeParser, SectionWindowNodeParser
+from ..node_parser import SectionWindowNodeParser
 from ..retrievers.bm25 import BM25Retriever, BM25TokenizerConfig
 from ..retrievers.checks import check_positive_int
 from ..retrievers.exact_dense import DenseMatrix, ExactDenseRetriever
-from ..retrievers.filters import metadata_matches, validate_filters
+from ..retrievers.filters import validate_filters
+from ..retrievers.fused_index import FusedIndexRetriever
 from ..retrievers.fusion import DEFAULT_RRF_K
 from ..retrievers.hybrid import HybridRetriever
 from ..retrievers.qdrant_hybrid import QdrantDenseRetriever, QdrantHybridRetriever, bm25_doc_vector
 from . import storage as _storage
 from . import store as _store
 from .embedding_cache import EmbeddingCache, embed_texts, model_key, text_key
-from .fused_retriever import FusedIndexRetriever
+from .journal import WriteJournal, read_generation, split_touched
+from .manifest import COLLECTION, FORMAT_VERSION, READABLE_FORMATS, BM25Settings, IndexManifest, PendingWrite
 from .rwlock import ReadWriteLock
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 2
-#: Folder formats this version opens: 1 (Qdrant local mode in ``qdrant/``, migrated on open), 2 (Qdrant Edge in ``edge/``).
-READABLE_FORMATS = (1, 2)
 STORE_DIR = "edge"
 LEGACY_QDRANT_DIR = "qdrant"
-COLLECTION = "chunks"
 RETRIEVER_MODES: tuple[str, ...] = tuple(m.value for m in RetrieverMode)
 DENSE_SEARCH: tuple[str, ...] = tuple(m.value for m in DenseSearch)
 
@@ -94,31 +88,6 @@ DENSE_SEARCH: tuple[str, ...] = tuple(m.value for m in DenseSearch)
 def _describe_model(class_name: Optional[str], name: str) -> str:
     """``'name' (ClassName)`` for error messages (a model name alone can be as vague as 'unknown')."""
     return f"{name!r} ({class_name})" if class_name else repr(name)
-
-
-def _parser_from_dict(data: Dict[str, Any]) -> NodeParser:
-    """Rebuild the node parser recorded in index.json (ours or LlamaIndex's core parsers)."""
-    from llama_index.core import node_parser as core_parsers
-
-    name = data.get("class_name")
-    ours = {"SectionWindowNodeParser": SectionWindowNodeParser, "SectionHierarchyNodeParser": SectionHierarchyNodeParser}
-    if name in ours:
-        return ours[name].from_dict(data)
-    for attr in dir(core_parsers):
-        cls = getattr(core_parsers, attr)
-        if isinstance(cls, type) and issubclass(cls, NodeParser) and getattr(cls, "class_name", None):
-            try:
-                if cls.class_name() == name:
-                    clean = {k: v for k, v in data.items() if k != "id_func"}
-                    return cls.from_dict(clean)
-            except TypeError:
-                continue
-    raise ValueError(f"index.json names node parser {name!r}, which this version cannot rebuild; pass node_parser=")
-
-
-def _write_json_atomic(path: Path, data: Dict[str, Any]) -> None:
-    """index.json in one rename; the file and the directory entry are fsynced (storage.py)."""
-    _storage.write_json_atomic(path, data)
 
 
 def _prepare_build_folder(build: Path, storage: Path) -> None:
@@ -171,47 +140,12 @@ def _exclusive_write(method: Callable[..., Any]) -> Callable[..., Any]:
     return guarded
 
 
-#: Errors of reading damaged files (zip, numpy, JSON, pickle, SQLite) that mean "damaged folder".
-_READ_ERRORS = (
-    OSError,
-    EOFError,
-    KeyError,
-    IndexError,
-    TypeError,
-    AttributeError,
-    UnicodeDecodeError,
-    zipfile.BadZipFile,
-    pickle.UnpicklingError,
-    sqlite3.DatabaseError,
-)
-
-
 def server_client(url: str, api_key: Optional[str] = None) -> Any:
     """The ``QdrantClient`` of a Qdrant server or cluster (one place, so tests can stand in
     qdrant-client's local mode for a server)."""
     from qdrant_client import QdrantClient
 
     return QdrantClient(url=url, api_key=api_key)
-
-
-def _read_generation(storage: Path, gen: int, custom_tokenizer: Any) -> tuple[BM25Retriever, SimpleDocumentStore]:
-    """Load generation ``gen``'s BM25 index and docstore; unreadable files are a DamagedIndexError."""
-    folder = _storage.bm25_dir(storage, gen)
-    try:
-        bm25 = BM25Retriever.load(folder, custom_tokenizer=custom_tokenizer)
-    except ValueError as exc:
-        if "custom tokenizer" in str(exc):  # a usage error (load(custom_tokenizer=...)), not damage
-            raise
-        raise _storage.DamagedIndexError(folder, f"cannot be read ({type(exc).__name__}: {exc})", storage) from exc
-    except _READ_ERRORS as exc:
-        raise _storage.DamagedIndexError(folder, f"cannot be read ({type(exc).__name__}: {exc})", storage) from exc
-    path = _storage.docstore_file(storage, gen)
-    try:
-        docstore = SimpleDocumentStore.from_persist_path(str(path))
-        docstore.get_all_ref_doc_info()  # parses the structure
-    except (ValueError, *_READ_ERRORS) as exc:
-        raise _storage.DamagedIndexError(path, f"cannot be read ({type(exc).__name__}: {exc})", storage) from exc
-    return bm25, docstore
 
 
 class IndexBusyError(RuntimeError):
@@ -389,7 +323,7 @@ class HybridIndex:
     def __init__(
         self,
         storage_dir: Path,
-        config: Dict[str, Any],
+        manifest: IndexManifest,
         embed_model: BaseEmbedding,
         node_parser: NodeParser,
         store: Any,
@@ -398,7 +332,7 @@ class HybridIndex:
         tokenizer_config: BM25TokenizerConfig,
     ) -> None:
         self.storage_dir = storage_dir
-        self.config = config
+        self._journal = WriteJournal(storage_dir, manifest)  # index.json: the manifest and the write journal
         self.embed_model = embed_model
         self.node_parser = node_parser
         self.store = store  # the point store: indices.store.EdgePoints or ServerPoints
@@ -420,6 +354,17 @@ class HybridIndex:
         self._served_elsewhere: Optional[str] = None  # why this object may not write (load(qdrant_url=) of an embedded folder)
         self._write_start_snapshot: Any = None  # the BM25 state the running write started from
         self._vectors_checked = False  # the store's vectors compared with the embedding cache (once)
+
+    @property
+    def manifest(self) -> IndexManifest:
+        """The index's ``index.json`` as this object knows it (typed, frozen; :mod:`.manifest`)."""
+        return self._journal.manifest
+
+    @property
+    def config(self) -> Dict[str, Any]:
+        """The manifest as the JSON object ``index.json`` holds (a copy: change the index through
+        its methods, not this dict)."""
+        return self._journal.manifest.to_json()
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -468,29 +413,27 @@ class HybridIndex:
                 logger.info("chunking with Settings.node_parser (%s)", type(node_parser).__name__)
         node_parser = node_parser or SectionWindowNodeParser()
         tokenizer_config = tokenizer_config or BM25TokenizerConfig()
-        config: Dict[str, Any] = {
-            "format_version": FORMAT_VERSION,
-            "embed_model": embed_model_name(embed_model),
-            "embed_model_class": embed_model.class_name(),
-            "embed_dim": None,
-            "node_parser": node_parser.to_dict(),
-            "bm25": {"k1": bm25_k1, "b": bm25_b, "method": "lucene", "avgdl": None},
-            "bm25_tokenizer": tokenizer_config.to_persisted(),
-            "qdrant_url": qdrant_url,
-            "collection": COLLECTION,
-            "embed_batch_size": embed_batch_size,
-            "generation": 0,
-            "pending": None,
-        }
+        check_positive_int("embed_batch_size", embed_batch_size)
+        bm25 = BM25Retriever([], tokenizer_config=tokenizer_config, k1=bm25_k1, b=bm25_b)  # checks k1 and b
+        manifest = IndexManifest(
+            format_version=FORMAT_VERSION,
+            embed_model=embed_model_name(embed_model),
+            embed_model_class=embed_model.class_name(),
+            node_parser=node_parser.to_dict(),
+            bm25=BM25Settings(k1=bm25_k1, b=bm25_b, method="lucene"),
+            bm25_tokenizer=tokenizer_config.to_persisted(),
+            qdrant_url=qdrant_url,
+            collection=COLLECTION,
+            embed_batch_size=embed_batch_size,
+        )
         build = _storage.building_dir(storage)
         build.mkdir(parents=True, exist_ok=True)
         guard = _storage.WriteGuard(build / _storage.WRITE_LOCK, timeout=0)  # one build per folder at a time
         with guard.hold():
             _prepare_build_folder(build, storage)
-            store = cls._open_store(build, config, qdrant_api_key)
-            bm25 = BM25Retriever([], tokenizer_config=tokenizer_config, k1=bm25_k1, b=bm25_b)
+            store = cls._open_store(build, manifest, qdrant_api_key)
             try:
-                index = cls(build, config, embed_model, node_parser, store, bm25, SimpleDocumentStore(), tokenizer_config)
+                index = cls(build, manifest, embed_model, node_parser, store, bm25, SimpleDocumentStore(), tokenizer_config)
             except BaseException:
                 store.close()
                 raise
@@ -503,7 +446,7 @@ class HybridIndex:
                     # No document gave a chunk: create the collection anyway (dimension from one probe
                     # embedding), so that every retriever mode answers [] instead of "not found".
                     index._ensure_collection(len(embed_model.get_text_embedding("dimension probe")))
-                    _write_json_atomic(build / "index.json", index.config)
+                    index._journal.save(index.manifest)
                 index._publish_build(storage, qdrant_api_key)
             except BaseException:
                 index.close()  # release the Qdrant lock: the caller never gets this object
@@ -533,9 +476,10 @@ class HybridIndex:
                 old_lock.release()
         _storage.remove_path(_storage.replaced_dir(storage))
         self.storage_dir = storage
+        self._journal = WriteJournal(storage, self.manifest)
         self.cache = EmbeddingCache(storage / "embeddings.sqlite")
         self._vector_store = None
-        self.store = self._open_store(storage, self.config, qdrant_api_key)
+        self.store = self._open_store(storage, self.manifest, qdrant_api_key)
         self._finalizer.detach()
         self._finalizer = weakref.finalize(self, _close_quietly, self.store, self.cache)
 
@@ -573,8 +517,8 @@ class HybridIndex:
         :class:`~.storage.IndexReadOnlyError`), and a later writable open finishes the roll-back.
         """
         storage = Path(storage_dir)
-        manifest = storage / "index.json"
-        if not manifest.exists():
+        manifest_file = storage / _storage.MANIFEST
+        if not manifest_file.exists():
             build = _storage.building_dir(storage)
             hint = (
                 f" ({build} holds an interrupted build: build again, it reuses the embeddings computed so far)"
@@ -582,13 +526,13 @@ class HybridIndex:
                 else ""
             )
             raise ValueError(f"{storage} holds no index.json: build an index there with HybridIndex.from_documents first{hint}")
-        config = _storage.read_manifest(manifest, READABLE_FORMATS)
+        manifest = IndexManifest.read(manifest_file, READABLE_FORMATS)
         served_elsewhere = None
         if qdrant_url is not None:
             if not isinstance(qdrant_url, str) or not qdrant_url.strip():
                 raise ValueError(f"qdrant_url must be a non-empty str, got {qdrant_url!r}")
-            if not config.get("qdrant_url"):
-                if config.get("pending"):
+            if not manifest.qdrant_url:
+                if manifest.pending is not None:
                     raise ValueError(
                         f"{storage} has an unfinished write: open it once without qdrant_url= (which rolls it back) "
                         "before serving it from a server"
@@ -597,38 +541,38 @@ class HybridIndex:
                     f"it is served from {qdrant_url} while its own points stay in {storage / STORE_DIR}; "
                     f"move it to the server for good with HybridIndex.push_to({qdrant_url!r}, switch=True)"
                 )
-            config = {**config, "qdrant_url": qdrant_url}
-        built_with = _describe_model(config.get("embed_model_class"), config["embed_model"])
+            manifest = manifest.with_qdrant_url(qdrant_url)
+        built_with = _describe_model(manifest.embed_model_class, manifest.embed_model)
         if embed_model is None:
             embed_model = settings_embed_model()  # LlamaIndex's Settings.embed_model, when the user set one
-            if embed_model is not None and embed_model_name(embed_model) != config["embed_model"]:
+            if embed_model is not None and embed_model_name(embed_model) != manifest.embed_model:
                 embed_model = None  # built with another model: the default or a clear error below
         if embed_model is None:
-            if config["embed_model"] != DEFAULT_EMBED_MODEL:
+            if manifest.embed_model != DEFAULT_EMBED_MODEL:
                 raise ValueError(
                     f"{storage} was built with embedding model {built_with}; pass "
                     f"embed_model= with that model to HybridIndex.load"
                 )
             embed_model = default_embed_model()
-        if embed_model_name(embed_model) != config["embed_model"]:
+        if embed_model_name(embed_model) != manifest.embed_model:
             given = _describe_model(embed_model.class_name(), embed_model_name(embed_model))
             raise ValueError(
                 f"{storage} was built with embedding model {built_with}, not {given}: their vectors are "
                 "not comparable. Load it with the model it was built with, or build a new index with this one"
             )
-        node_parser = node_parser or _parser_from_dict(config["node_parser"])
-        gen = config["generation"]
-        verified = _storage.verify_generation(storage, gen, config.get("integrity"), manifest)
-        bm25, docstore = _read_generation(storage, gen, custom_tokenizer)
-        legacy = config["format_version"] == 1 and not config.get("qdrant_url")
+        node_parser = node_parser or manifest.build_node_parser()
+        gen = manifest.generation
+        verified = _storage.verify_generation(storage, gen, manifest.integrity_record, manifest_file)
+        bm25, docstore = read_generation(storage, gen, custom_tokenizer)
+        legacy = manifest.format_version == 1 and not manifest.qdrant_url
         if legacy and served_elsewhere is not None:  # pragma: no cover - qdrant_url above
             raise ValueError(f"{storage} is in the old format: open it once without qdrant_url= to migrate it")
-        if not legacy and config.get("qdrant_url") is None and not (storage / STORE_DIR / _store.SCHEMA_FILE).exists() and len(bm25):
+        if not legacy and manifest.qdrant_url is None and not (storage / STORE_DIR / _store.SCHEMA_FILE).exists() and len(bm25):
             raise _storage.DamagedIndexError(storage / STORE_DIR, "is missing (the index holds chunks)", storage)
         # A format-1 folder starts its shard afresh (dropping what an interrupted migration left).
-        store = cls._open_store(storage, config, qdrant_api_key, fresh=legacy)
+        store = cls._open_store(storage, manifest, qdrant_api_key, fresh=legacy)
         try:
-            index = cls(storage, config, embed_model, node_parser, store, bm25, docstore, bm25.tokenizer_config)
+            index = cls(storage, manifest, embed_model, node_parser, store, bm25, docstore, bm25.tokenizer_config)
         except sqlite3.DatabaseError as exc:
             store.close()
             raise _storage.DamagedIndexError(
@@ -648,13 +592,13 @@ class HybridIndex:
         return index
 
     @staticmethod
-    def _open_store(storage: Path, config: Dict[str, Any], api_key: Optional[str], fresh: bool = False) -> Any:
+    def _open_store(storage: Path, manifest: IndexManifest, api_key: Optional[str], fresh: bool = False) -> Any:
         """The point store of an index folder: the Edge shard in ``storage/edge`` or the server
-        collection of ``config["qdrant_url"]``. A shard open elsewhere is an IndexBusyError; one
+        collection of ``manifest.qdrant_url``. A shard open elsewhere is an IndexBusyError; one
         the engine cannot read a DamagedIndexError naming it (``store.StoreDamagedError``)."""
-        url = config.get("qdrant_url")
+        url = manifest.qdrant_url
         if url:
-            return _store.ServerPoints(server_client(url, api_key), config["collection"], url=url)
+            return _store.ServerPoints(server_client(url, api_key), manifest.collection, url=url)
         try:
             return _store.EdgePoints(storage / STORE_DIR, fresh=fresh)
         except _store.StoreBusyError:
@@ -674,21 +618,18 @@ class HybridIndex:
                     f"which needs write access and no other writer ({type(exc).__name__}: {exc}); "
                     f"when that is possible, run: rkit migrate {storage}"
                 ) from None
-            pending = self.config.get("pending")
-            if pending:  # an unfinished write of the old format: its files go, the points are rebuilt below
-                _storage.remove_path(_storage.bm25_dir(storage, pending["generation"]))
-                _storage.remove_path(_storage.docstore_file(storage, pending["generation"]))
-                self.config["pending"] = None
+            pending = self.manifest.pending
+            if pending is not None:  # an unfinished write of the old format: its files go, the points are rebuilt below
+                self._journal.discard_pending(pending)
             leaves = list(self.bm25.snapshot.nodes)
             before = len(self.cache)
             if leaves:
                 self._write_leaves_from_cache(leaves)
-            elif self.config.get("embed_dim"):
-                self._ensure_collection(self.config["embed_dim"])
+            elif self.manifest.embed_dim:
+                self._ensure_collection(self.manifest.embed_dim)
             self.store.flush()
             self.store.optimize()
-            self.config["format_version"] = FORMAT_VERSION
-            _write_json_atomic(storage / "index.json", self.config)
+            self._journal.save(self.manifest.with_format_version(FORMAT_VERSION))
             _storage.remove_path(storage / LEGACY_QDRANT_DIR)
             logger.warning(
                 "%s: migrated to Qdrant Edge (%d chunk(s); %d embedded again, the rest from the embedding cache)",
@@ -752,7 +693,7 @@ class HybridIndex:
             self.embed_model,
             [n.get_content(metadata_mode=MetadataMode.EMBED) for n in leaves],
             self.cache,
-            batch_size=self.config["embed_batch_size"],
+            batch_size=self.manifest.embed_batch_size,
             show_progress=show_progress,
         )
         embedded = len(self.cache) - cached_before
@@ -835,10 +776,10 @@ class HybridIndex:
             raise ValueError(f"{self.storage_dir} already lives on {self.store.location}; push_to copies an embedded index")
         if not isinstance(qdrant_url, str) or not qdrant_url.strip():
             raise ValueError(f"qdrant_url must be a non-empty str, got {qdrant_url!r}")
-        name = collection if collection is not None else self.config["collection"]
+        name = collection if collection is not None else self.manifest.collection
         if not isinstance(name, str) or not _storage.SAFE_NAME.fullmatch(name):
             raise ValueError(f"collection must be letters, digits, '_' and '-' (at most 128), got {name!r}")
-        if switch and name != self.config["collection"]:
+        if switch and name != self.manifest.collection:
             raise ValueError("switch=True keeps the index's collection name: leave collection= unset")
         self._check_writable()
         target = _store.ServerPoints(server_client(qdrant_url, api_key), name, url=qdrant_url)
@@ -852,7 +793,7 @@ class HybridIndex:
                             )
                         target.client.delete_collection(name)
                     copied = 0
-                    dim = self.config.get("embed_dim")
+                    dim = self.manifest.embed_dim
                     if dim:
                         target.create(dim)
                     batch: List[Any] = []
@@ -864,10 +805,10 @@ class HybridIndex:
                     copied += self._copy_batch(target, batch)
                     if target.count() != len(self.bm25):
                         raise RuntimeError(f"{target.location} holds {target.count()} point(s) after the copy, the index {len(self.bm25)}")
+                    target.ensure_payload_indexes(self.store.payload_indexes)  # the shard's, for the same filters
                 if switch:
                     with self._rw_lock.write():
-                        self.config["qdrant_url"] = qdrant_url
-                        _write_json_atomic(self.storage_dir / "index.json", self.config)
+                        self._journal.save(self.manifest.with_qdrant_url(qdrant_url))
                         old, self.store = self.store, target
                         self._finalizer.detach()
                         self._finalizer = weakref.finalize(self, _close_quietly, self.store, self.cache)
@@ -895,17 +836,16 @@ class HybridIndex:
 
     def _ensure_collection(self, dim: Optional[int]) -> None:
         if self.store.exists():
-            if dim is not None and self.config["embed_dim"] not in (None, dim):
-                raise ValueError(f"embedding dimension {dim} differs from the index's {self.config['embed_dim']}")
+            if dim is not None and self.manifest.embed_dim not in (None, dim):
+                raise ValueError(f"embedding dimension {dim} differs from the index's {self.manifest.embed_dim}")
             return
         if dim is None:
             return
         self.store.create(dim)
-        self.config["embed_dim"] = dim
+        self._journal.amend(self.manifest.with_embed_dim(dim))
 
     def _write_points(self, leaves: Sequence[BaseNode], vectors: Any, tokens: Optional[List[List[str]]] = None) -> List[List[str]]:
         """Write the points of ``leaves``; returns their BM25 tokens (computed once, shared with BM25)."""
-        bm25cfg = self.config["bm25"]
         # Unit-length vectors: cosine does not care, and the dense matrix read back from any
         # transport then scores like the engine (Qdrant local mode, for one, normalised on upsert
         # but not when it reloaded a collection from disk).
@@ -914,15 +854,22 @@ class HybridIndex:
         vectors = vectors / np.where(norms > 0, norms, 1.0)
         if tokens is None:
             tokens = [self.bm25.node_tokens(n) for n in leaves]
-        if bm25cfg["avgdl"] is None:
-            bm25cfg["avgdl"] = max(1.0, sum(len(t) for t in tokens) / max(1, len(tokens)))
+        bm25cfg = self._bm25_settings(tokens)
         self.store.upsert_points(
             [_store.point_id(node.node_id) for node in leaves],
             vectors,
             [bm25_doc_vector(tok, bm25cfg["avgdl"], bm25cfg["k1"], bm25cfg["b"]) for tok in tokens],
-            [node_to_metadata_dict(node, remove_text=False, flat_metadata=False) for node in leaves],
+            [_store.node_payload(node) for node in leaves],  # QdrantVectorStore layout + filter bookkeeping
         )
         return tokens
+
+    def _bm25_settings(self, tokens: Sequence[Sequence[str]]) -> Dict[str, Any]:
+        """The index's BM25 parameters (k1, b, avgdl) for the sparse vectors; the first write fixes
+        ``avgdl`` to its chunks' mean length in tokens (at least 1)."""
+        if self.manifest.bm25.avgdl is None:
+            avgdl = max(1.0, sum(len(t) for t in tokens) / max(1, len(tokens)))
+            self._journal.amend(self.manifest.with_bm25_avgdl(avgdl))
+        return self.manifest.bm25.model_dump()
 
     def _write_leaves_from_cache(self, leaves: Sequence[BaseNode]) -> None:
         """(Re)write the points of committed ``leaves``, their vectors from the embedding cache (the
@@ -930,23 +877,15 @@ class HybridIndex:
         if not leaves:
             return
         texts = [n.get_content(metadata_mode=MetadataMode.EMBED) for n in leaves]
-        vectors = embed_texts(self.embed_model, texts, self.cache, batch_size=self.config["embed_batch_size"])
+        vectors = embed_texts(self.embed_model, texts, self.cache, batch_size=self.manifest.embed_batch_size)
         self._ensure_collection(vectors.shape[1])
         self._write_points(leaves, vectors)
 
     def _begin(self, touched_ids: Sequence[str]) -> None:
-        """Record what the next write touches, so a crash can be rolled back on open.
-
-        An unfinished earlier write (its roll-back failed) keeps its ids in the journal: the
-        journal only ever grows until a commit, so no touched chunk is forgotten.
-        """
-        touched = set(touched_ids)
-        pending = self.config.get("pending")
-        if pending:
-            touched.update(pending.get("touched_ids", []))
-        self._write_start_snapshot = self.bm25.snapshot  # the committed BM25 state, for _recover
-        self.config["pending"] = {"generation": self.config["generation"] + 1, "touched_ids": sorted(touched)}
-        _write_json_atomic(self.storage_dir / "index.json", self.config)
+        """Record what the next write touches (:meth:`.journal.WriteJournal.begin`), so a crash can
+        be rolled back on open; remember the committed BM25 state for :meth:`_recover`."""
+        self._write_start_snapshot = self.bm25.snapshot
+        self._journal.begin(touched_ids)
 
     def _recover(self) -> None:
         """After a failed write: read the committed generation again and roll the store back to it.
@@ -976,23 +915,23 @@ class HybridIndex:
         when ``state_is_committed`` (just opened); otherwise the next write extends it. Runs before
         every write, after a failed one, and on open.
         """
-        manifest = self.storage_dir / "index.json"
-        config = _storage.read_manifest(manifest, FORMAT_VERSION, self.storage_dir)
+        disk = self._journal.read_disk()
         fresh = state_is_committed
-        if reload or config["generation"] != self.config["generation"]:
+        if reload or disk.generation != self.manifest.generation:
             fresh = True
-            gen = config["generation"]
-            _storage.verify_generation(self.storage_dir, gen, config.get("integrity"), manifest)
-            committed, docstore = _read_generation(self.storage_dir, gen, self.tokenizer_config.custom_tokenizer)
+            gen = disk.generation
+            _storage.verify_generation(self.storage_dir, gen, disk.integrity_record, self._journal.path)
+            committed, docstore = read_generation(self.storage_dir, gen, self.tokenizer_config.custom_tokenizer)
             # Swap the state in place, so retrievers made earlier (BM25 views) see it too.
             self.bm25.restore_snapshot(committed.snapshot)
             self.docstore = docstore
-            self.config = config
+            self._journal.amend(disk)
             self._dense = None
         else:
-            self.config["pending"] = config["pending"]
-        if fresh and self.config.get("pending"):
-            self._roll_back(self.config["pending"])
+            self._journal.amend(self.manifest.with_pending(disk.pending))
+        pending = self.manifest.pending
+        if fresh and pending is not None:
+            self._roll_back(pending)
 
     def _enter_read_only(self, reason: str) -> None:
         """Serve the committed state only (see :meth:`_recover`); the store may hold uncommitted points."""
@@ -1024,9 +963,9 @@ class HybridIndex:
                 logger.info("%s: a write is running in another process; opening the committed index", self.storage_dir)
                 return
             except OSError as exc:  # no lock file in a read-only folder: then no one writes there either
-                if self.config.get("pending"):
+                if self.manifest.pending is not None:
                     self._enter_read_only(f"an unfinished write cannot be rolled back ({type(exc).__name__}: {exc})")
-            if self.config.get("pending") and self._read_only is None:
+            if self.manifest.pending is not None and self._read_only is None:
                 try:
                     self._sync_with_disk(state_is_committed=True)
                 except (OSError, sqlite3.Error) as exc:
@@ -1050,62 +989,36 @@ class HybridIndex:
             raise _storage.DamagedIndexError(
                 where, f"holds {points} point(s) but the BM25 index holds {chunks} chunk(s)", self.storage_dir
             )
-        record = self.config.get("integrity")
-        if record is not None and record["chunks"] != chunks:
+        record = self.manifest.integrity
+        if record is not None and record.chunks != chunks:
             raise _storage.DamagedIndexError(
-                _storage.bm25_dir(self.storage_dir, self.config["generation"]),
-                f"holds {chunks} chunk(s) but index.json recorded {record['chunks']}",
+                _storage.bm25_dir(self.storage_dir, self.manifest.generation),
+                f"holds {chunks} chunk(s) but index.json recorded {record.chunks}",
                 self.storage_dir,
             )
 
     def _commit(self) -> None:
-        """Write the next generation's BM25 and docstore, then switch index.json to it."""
-        gen = self.config["generation"] + (1 if self.config.get("pending") else 0)
-        if not (self.storage_dir / "index.json").exists():
-            gen = 0
-        self.store.refresh()  # the points on disk before index.json names the generation; live statistics
-        bm25_dir = _storage.bm25_dir(self.storage_dir, gen)
-        docstore_file = _storage.docstore_file(self.storage_dir, gen)
-        self.bm25.persist(bm25_dir)
-        docstore_file.parent.mkdir(parents=True, exist_ok=True)
-        self.docstore.persist(str(docstore_file))
-        _storage.fsync_tree(bm25_dir)  # on disk before index.json names them
-        _storage.fsync_tree(docstore_file)
-        self.config["generation"] = gen
-        self.config["pending"] = None
-        self.config["integrity"] = _storage.generation_record(self.storage_dir, gen, chunks=len(self.bm25))
-        _write_json_atomic(self.storage_dir / "index.json", self.config)
+        """Points on disk first (and live statistics), then the next generation's BM25 and
+        docstore, then index.json switched to it (:meth:`.journal.WriteJournal.commit`)."""
+        self.store.refresh()
+        self._journal.commit(self.bm25, self.docstore)
         self._dense = None
         self._write_start_snapshot = None
-        for old, paths in _storage.generation_paths(self.storage_dir).items():
-            if old != gen:  # the previous generation, and any left by a crash after a switch
-                for path in paths:
-                    _storage.remove_path(path)
 
-    def _roll_back(self, pending: Dict[str, Any]) -> None:
-        """Make the point store agree with the committed docstore for the ids an unfinished write touched."""
-        # ``pending`` passed validate_manifest (storage.py): a list of str ids, generation = committed + 1.
-        touched = pending["touched_ids"]
-        logger.warning("%s: the last update did not finish; restoring %d chunk(s) of the committed index", self.storage_dir, len(touched))
-        docs = self.docstore.docs
-        keep = [docs[i] for i in touched if i in docs]
-        keep_ids = {n.node_id for n in keep}
-        drop = [i for i in touched if i not in keep_ids]
+    def _roll_back(self, pending: PendingWrite) -> None:
+        """Make the point store agree with the committed docstore for the ids an unfinished write
+        touched (kept chunks rewritten from the embedding cache, the others deleted), then clear
+        the journal (:meth:`.journal.WriteJournal.finish_roll_back`)."""
+        logger.warning(
+            "%s: the last update did not finish; restoring %d chunk(s) of the committed index", self.storage_dir, len(pending.touched_ids)
+        )
+        keep, drop = split_touched(pending.touched_ids, self.docstore.docs)
         if drop:
             self.store.delete_points([_store.point_id(i) for i in drop])
         self._write_leaves_from_cache([n for n in keep if not n.child_nodes])
         self.store.refresh()
         self._dense = None
-        nxt = pending["generation"]
-        _storage.remove_path(_storage.bm25_dir(self.storage_dir, nxt))
-        _storage.remove_path(_storage.docstore_file(self.storage_dir, nxt))
-        self.config["pending"] = None
-        try:
-            _write_json_atomic(self.storage_dir / "index.json", self.config)
-        except OSError as exc:
-            # The store already agrees with the committed state: only the journal is left in index.json
-            # (rolling back again is harmless), cleared by the next write or writable open.
-            logger.warning("%s: rolled back, but could not clear the journal in index.json (%s)", self.storage_dir, exc)
+        self._journal.finish_roll_back(pending)
 
     # ------------------------------------------------------------------ reads
     @property
@@ -1120,7 +1033,7 @@ class HybridIndex:
         if self._vector_store is None:
             from llama_index.vector_stores.qdrant import QdrantVectorStore
 
-            self._vector_store = QdrantVectorStore(collection_name=self.config["collection"], client=self.store.client)
+            self._vector_store = QdrantVectorStore(collection_name=self.manifest.collection, client=self.store.client)
         return self._vector_store
 
     @property
@@ -1233,7 +1146,7 @@ class HybridIndex:
         return fusion
 
     def _dense_in_memory(self, dense_search: str) -> bool:
-        return dense_search == "memory" or (dense_search == "auto" and not self.config.get("qdrant_url"))
+        return dense_search == "memory" or (dense_search == "auto" and not self.manifest.qdrant_url)
 
     def _bm25_view(self, filters: Optional[MetadataFilters], top_k: int, **common: Any) -> BM25Retriever:
         return self.bm25.with_filters(filters, similarity_top_k=top_k, **common)
@@ -1256,8 +1169,9 @@ class HybridIndex:
 
     def _point_filter(self, filters: Optional[MetadataFilters]) -> Optional[Callable[[], Any]]:
         """For Qdrant-side search: a callable giving the Qdrant filter that admits exactly the
-        chunks ``filters`` matches, evaluated on the indexed chunks' metadata as every in-memory
-        leg does (one meaning for a filter in every mode). Cached per index state."""
+        chunks ``filters`` matches (``metadata_matches``, as every in-memory leg): the store's
+        translation run by the engine where it is exact, else the matching ids
+        (``store.metadata_filter``). Cached per index state."""
         if filters is None:
             return None
         cache: Dict[str, Any] = {"snapshot": None, "filter": None}
@@ -1265,10 +1179,7 @@ class HybridIndex:
         def point_filter() -> Any:
             snapshot = self.bm25.snapshot
             if cache["snapshot"] is not snapshot:
-                allowed, excluded = [], []
-                for node in snapshot.nodes:
-                    (allowed if metadata_matches(node.metadata, filters) else excluded).append(node.node_id)
-                cache["filter"], cache["snapshot"] = self.store.ids_filter(allowed, excluded), snapshot
+                cache["filter"], cache["snapshot"] = self.store.metadata_filter(filters, snapshot.nodes), snapshot
             return cache["filter"]
 
         return point_filter
@@ -1301,7 +1212,7 @@ class HybridIndex:
         """The committed chunks' vectors from the embedding cache (the model embeds what it lacks,
         without writing the cache): a read-only index's dense leg, which must not read Qdrant."""
         nodes = snapshot.nodes
-        dim = self.config.get("embed_dim") or 1
+        dim = self.manifest.embed_dim or 1
         if not nodes:
             return DenseMatrix.build(nodes, np.zeros((0, dim), dtype=np.float32))
         texts = [n.get_content(metadata_mode=MetadataMode.EMBED) for n in nodes]
@@ -1315,7 +1226,7 @@ class HybridIndex:
         return DenseMatrix.build(nodes, np.stack([found[k] for k in keys]))
 
     def _read_dense_matrix(self, snapshot: Any) -> tuple[DenseMatrix, bool]:
-        dim = self.config.get("embed_dim") or 1
+        dim = self.manifest.embed_dim or 1
         nodes = snapshot.nodes
         if not nodes or not self.store.exists():
             return DenseMatrix.build(nodes, np.zeros((len(nodes), dim), dtype=np.float32)), True

@@ -1,47 +1,76 @@
-"""The Qdrant side of an index: shard schema, point writes, filter translation and query building.
+"""The Qdrant side of an index: schema, point writes, filter translation, payload indexes and queries.
 
-Every call into Qdrant Edge (``qdrant-edge-py``, Qdrant's engine in-process; pinned, extra
-``edge``) lives in this module, so an upgrade that changes its API or behaviour fails
-``tests/indices/test_store_edge.py`` and nothing else.
+Every Qdrant call of the package lives here, behind one surface with two transports:
+:class:`EdgePoints` (Qdrant Edge, ``qdrant-edge-py``, Qdrant's engine in-process; pinned) for a
+storage folder, and :class:`ServerPoints` (qdrant-client) for a Qdrant server or cluster (and
+qdrant-client's local mode, which stands in for a server in tests). What both run is built once,
+transport-neutral, and only rendered per transport: filters (:func:`translate_filters`, a tree of
+:class:`Clause` / :class:`Keyword` / ...) and queries (:func:`plan_search`). So an embedded index
+and a server filter and rank the same way, and an upgrade of qdrant-edge-py that changes its API
+or behaviour fails ``tests/indices/test_store_*.py`` and nothing else.
 
 Point layout (one point per chunk):
 
-* id: the node id when it is a UUID, else ``uuid5(NODE_ID_NAMESPACE, node_id)`` (Qdrant ids are
-  UUIDs or unsigned ints);
-* vectors: ``text-dense`` (cosine, ``dense_dim``) and ``text-sparse-new`` (IDF modifier);
-* payload: ``node_id``, ``doc_id`` (the node's ``ref_doc_id``), ``metadata`` (the chunk's metadata,
-  verbatim), ``node`` (the node's JSON without metadata and embedding, to rebuild the TextNode)
-  and two bookkeeping fields that make filters exact: ``_kinds`` (keyword tokens ``"<kind>:<key>"``
-  saying what Python type each metadata value has) and ``_lower`` (lower-cased string values, for
-  ``TEXT_MATCH_INSENSITIVE``).
+* id: the node id when it is a UUID, else ``uuid5(NODE_ID_NAMESPACE, node_id)``;
+* vectors: ``text-dense`` (cosine) and ``text-sparse-new`` (BM25 weights, IDF modifier);
+* payload (:func:`node_payload`): LlamaIndex ``QdrantVectorStore``'s layout (the metadata keys at
+  the top level, ``_node_content``, ``_node_type``, ``doc_id``/``document_id``/``ref_doc_id``),
+  so a server collection reads as a ``QdrantVectorStore``; plus three bookkeeping fields that
+  make metadata filters exact in the engine (:func:`filter_fields`):
 
-Filters (:func:`translate_filters`) mean exactly what the in-memory evaluator
-:func:`llama_index_retrieval_kit.retrievers.filters.metadata_matches` means; every Qdrant condition
-on a metadata value is guarded by its ``_kinds`` token, because Qdrant matches a condition against
-any element of a list and compares across types differently from Python. Filters Qdrant cannot
-evaluate exactly (string ranges, ``EQ``/``NE`` against a list) raise ValueError. So that every
-stored value can be filtered exactly, metadata values are limited to None, str, bool, finite
-float, int within +-2**53 (Qdrant ranges compare in float64), and lists of those scalars.
+  - ``_kinds``: tokens ``"<kind>:<key>"`` naming the Python type of each metadata value
+    (``str``, ``num``, ``true``, ``false``, ``list``, with ``empty`` for ``""``/``[]``,
+    ``upper`` for a string that lower-casing changes, ``ltrue``/``lfalse``/``lstr``/``lnum`` for
+    what a list holds, ``other`` for a value the engine cannot compare exactly: dicts, nested
+    lists, NaN, ints beyond 2**53, non-JSON types), and ``filters:1``, which says the point
+    carries this bookkeeping. Stored as 62-bit integer codes (:func:`token_code`, blake2b):
+    qdrant-edge-py 0.9.0 converts each payload string at ~8 us, an int at ~2 us, and a chunk
+    of this package's parsers has about 15 tokens;
+  - ``_lower``: the lower-cased value of each string that lower-casing changes (``upper``), for
+    ``TEXT_MATCH_INSENSITIVE``;
+  - ``_masked``: the values of metadata keys whose top-level field the layout (or this
+    bookkeeping) uses for something else (``doc_id`` holds the node's ``ref_doc_id``, not
+    ``metadata["doc_id"]``).
+
+Filters mean exactly what :func:`~llama_index_retrieval_kit.retrievers.filters.metadata_matches`
+means. Every condition on a metadata value is guarded by its ``_kinds`` token, because Qdrant
+matches a condition against any element of a list and compares across types unlike Python.
+:meth:`metadata_filter` uses the translation when it is exact for the stored points, and
+otherwise (string ranges, list equality, keys that are not plain names, an ``other`` value of a
+filtered key, points written before the bookkeeping existed) the list of matching point ids,
+evaluated in Python on the indexed chunks: slower, never different.
+
+Payload indexes: ``_kinds`` (integer, with the collection), and a metadata key's own index once a
+filter on it runs in the engine: keyword when the key holds strings, else float when it holds
+numbers (booleans need none: they are ``_kinds`` tokens); later writes upgrade it (float to
+keyword) when strings arrive. Same rule on both transports. Only filtered keys get one: each
+index costs every write (measured: a one-document upsert of the sample parser's chunks took
+~3x as long with all 12 of its metadata keys indexed).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import json
 import logging
 import math
 import operator
 import re
 import uuid
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, FrozenSet, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
-from llama_index.core.schema import TextNode
+from llama_index.core.schema import BaseNode
 from llama_index.core.vector_stores.types import FilterCondition, FilterOperator, MetadataFilter, MetadataFilters
+from llama_index.core.vector_stores.utils import node_to_metadata_dict
 
-from ..retrievers.filters import validate_filters
+from .._enums import ChoiceEnum, EngineFusion
+from ..retrievers.filters import metadata_matches, validate_filters
 from .storage import DamagedIndexError, FileLock, IndexWriteLockedError, remove_path
 
 try:
@@ -60,16 +89,26 @@ NODE_ID_NAMESPACE = uuid.UUID("5b0f6a52-8f0e-4a53-9a1f-2f7d0c1e6b11")
 SCHEMA_FILE = "store.json"
 SHARD_DIR = "shard"
 FORMAT_VERSION = 1
-FUSIONS: Tuple[str, ...] = ("rrf", "dbsf")
+FUSIONS: Tuple[str, ...] = tuple(f.value for f in EngineFusion)
 KINDS_FIELD = "_kinds"
 LOWER_FIELD = "_lower"
+MASKED_FIELD = "_masked"
+#: In ``_kinds`` of every point that carries the filter bookkeeping.
+BOOKKEEPING_TOKEN = "filters:1"
+#: The top-level payload fields LlamaIndex's ``QdrantVectorStore`` layout writes itself.
+LAYOUT_FIELDS: Tuple[str, ...] = ("_node_content", "_node_type", "document_id", "doc_id", "ref_doc_id")
+BOOKKEEPING_FIELDS: Tuple[str, ...] = (KINDS_FIELD, LOWER_FIELD, MASKED_FIELD)
 MAX_EXACT_INT = 2**53
 UPSERT_BATCH = 1024
+SERVER_UPSERT_BATCH = 256
+SCROLL_PAGE = 2048
+STORE_LOCK = ".store.lock"
 
-SparseInput = Union[Mapping[int, float], Tuple[Sequence[int], Sequence[float]]]
-Scalar = Union[str, bool, int, float]
+SparseInput = Union[Mapping[int, float], Tuple[Sequence[int], Sequence[float]], Any]
 
 _KEY_RE = re.compile(r"^[A-Za-z0-9_-]+$")
+_NO_POINT_TOKEN = "none"  # no point holds it: every token but this one has a ':'
+_CODE_BITS = 62
 _VALUE_KINDS = ("str", "num", "true", "false", "list")  # a key with none of these is missing (or None)
 _ORDER_FUNCS: Dict[FilterOperator, Callable[[Any, Any], bool]] = {
     FilterOperator.GT: operator.gt,
@@ -79,16 +118,8 @@ _ORDER_FUNCS: Dict[FilterOperator, Callable[[Any, Any], bool]] = {
 }
 
 
-class StoreHit(NamedTuple):
-    """One query result: the node id, the engine's score, and the point's payload."""
-
-    node_id: str
-    score: float
-    payload: Dict[str, Any]
-
-
 # --------------------------------------------------------------------------------------------
-# Point ids and payload (pure)
+# Point ids, payload and vectors (pure)
 # --------------------------------------------------------------------------------------------
 
 
@@ -102,85 +133,112 @@ def point_id(node_id: str) -> str:
         return str(uuid.uuid5(NODE_ID_NAMESPACE, node_id))
 
 
-def _check_scalar(key: str, value: Any) -> None:
-    if isinstance(value, bool) or isinstance(value, str):
-        return
-    if isinstance(value, int):
-        if abs(value) > MAX_EXACT_INT:
-            raise ValueError(
-                f"metadata {key!r}: int {value} is beyond +-2**53; Qdrant compares numbers as float64, "
-                "so it could not be filtered exactly: store it as a str"
-            )
-        return
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError(f"metadata {key!r}: {value!r} is not a finite float (JSON cannot store it)")
-        return
-    raise ValueError(
-        f"metadata {key!r}: unsupported value {value!r:.80} ({type(value).__name__}); "
-        "allowed: None, str, bool, int, float, or a list of str/bool/int/float"
-    )
+def _is_exact_scalar(value: Any) -> bool:
+    """A value the engine stores and compares exactly: str, bool, int within +-2**53, finite float
+    (exact types: a subclass may compare or serialise differently)."""
+    kind = type(value)
+    if kind is str or kind is bool:
+        return True
+    if kind is int:
+        return abs(value) <= MAX_EXACT_INT
+    if kind is float:
+        return math.isfinite(value)
+    return False
+
+
+def _value_kinds(value: Any) -> Optional[List[str]]:
+    """The ``_kinds`` kinds of one metadata value (not None); None when it is not exactly comparable."""
+    kind = type(value)
+    if kind is list or kind is tuple:
+        if not all(_is_exact_scalar(item) for item in value):
+            return None
+        kinds = ["list"]
+        if not value:
+            kinds.append("empty")
+        if any(item is True for item in value):
+            kinds.append("ltrue")
+        if any(item is False for item in value):
+            kinds.append("lfalse")
+        if any(type(item) is str for item in value):
+            kinds.append("lstr")
+        if any(type(item) in (int, float) for item in value):
+            kinds.append("lnum")
+        return kinds
+    if not _is_exact_scalar(value):
+        return None
+    if kind is bool:
+        return ["true" if value else "false"]
+    if kind is str:
+        return ["str"] + (["empty"] if value == "" else []) + (["upper"] if value.lower() != value else [])
+    return ["num"]
 
 
 def kind_tokens(metadata: Mapping[str, Any]) -> List[str]:
-    """The ``_kinds`` tokens of ``metadata``; ValueError naming a key whose value is not storable.
+    """The ``_kinds`` tokens of ``metadata`` (see the module docstring); never raises.
 
-    Per key: ``str``/``num``/``true``/``false``/``list`` (the Python type), ``empty`` for ``""`` and
-    ``[]``, and ``ltrue``/``lfalse`` for a list holding True/False. None (= missing) has no token.
+    Keys that are not plain names (``[A-Za-z0-9_-]+``) get none: filters on them are never
+    translated. None (= missing) has no token.
     """
-    tokens: List[str] = []
+    tokens = [BOOKKEEPING_TOKEN]
     for key, value in metadata.items():
-        if value is None:
+        if value is None or not isinstance(key, str) or not _KEY_RE.match(key):
             continue
-        if isinstance(value, (list, tuple)):
-            for item in value:
-                _check_scalar(key, item)
-            tokens.append(f"list:{key}")
-            if len(value) == 0:
-                tokens.append(f"empty:{key}")
-            if any(item is True for item in value):
-                tokens.append(f"ltrue:{key}")
-            if any(item is False for item in value):
-                tokens.append(f"lfalse:{key}")
-            continue
-        _check_scalar(key, value)
-        if isinstance(value, bool):
-            tokens.append(f"{'true' if value else 'false'}:{key}")
-        elif isinstance(value, str):
-            tokens.append(f"str:{key}")
-            if value == "":
-                tokens.append(f"empty:{key}")
+        kinds = _value_kinds(value)
+        if kinds is None:
+            tokens.append(f"other:{key}")
         else:
-            tokens.append(f"num:{key}")
+            tokens.extend(f"{kind}:{key}" for kind in kinds)
     return tokens
 
 
-def node_payload(node: TextNode) -> Dict[str, Any]:
-    """The payload stored for ``node`` (see the module docstring)."""
-    if not isinstance(node, TextNode):
-        raise ValueError(f"nodes must be llama_index TextNode objects, got {type(node).__name__}")
-    metadata = dict(node.metadata)
-    for key in metadata:
-        if not isinstance(key, str):
-            raise ValueError(f"metadata keys must be str, got {key!r} in node {node.node_id!r}")
-    body = node.to_dict()
-    body.pop("metadata", None)
-    body.pop("embedding", None)
-    return {
-        "node_id": node.node_id,
-        "doc_id": node.ref_doc_id,
-        "metadata": metadata,
-        "node": json.dumps(body, ensure_ascii=False),
-        KINDS_FIELD: kind_tokens(metadata),
-        LOWER_FIELD: {k: v.lower() for k, v in metadata.items() if isinstance(v, str)},
-    }
+@functools.lru_cache(maxsize=1 << 16)
+def token_code(token: str) -> int:
+    """The integer stored in ``_kinds`` for a token: its blake2b hash, 62 bits (two tokens of one
+    index share a code with odds below 1e-12 even at a million distinct tokens)."""
+    return int.from_bytes(hashlib.blake2b(token.encode("utf-8"), digest_size=8).digest(), "little") >> (64 - _CODE_BITS)
 
 
-def node_from_payload(payload: Mapping[str, Any]) -> TextNode:
-    """Rebuild the TextNode written by :func:`node_payload`."""
-    body = json.loads(payload["node"])
-    body["metadata"] = dict(payload.get("metadata") or {})
-    return TextNode.from_dict(body)
+def metadata_field(key: str) -> str:
+    """The payload path holding ``metadata[key]``: the top-level field, or ``_masked.<key>`` for a
+    key whose top-level field the layout or the bookkeeping uses."""
+    return f"{MASKED_FIELD}.{key}" if key in LAYOUT_FIELDS or key in BOOKKEEPING_FIELDS else key
+
+
+def filter_fields(metadata: Mapping[str, Any]) -> Dict[str, Any]:
+    """The bookkeeping fields stored beside the layout so that filters on ``metadata`` are exact
+    (``_lower`` and ``_masked`` only when they hold something)."""
+    lower: Dict[str, str] = {}
+    masked: Dict[str, Any] = {}
+    for key, value in metadata.items():
+        if value is None or not isinstance(key, str) or not _KEY_RE.match(key) or _value_kinds(value) is None:
+            continue
+        if type(value) is str and value.lower() != value:
+            lower[key] = value.lower()
+        if metadata_field(key) != key:
+            masked[key] = list(value) if type(value) is tuple else value
+    fields: Dict[str, Any] = {KINDS_FIELD: [token_code(t) for t in kind_tokens(metadata)]}
+    if lower:  # left out when empty: every payload value costs the engine's conversion on each write
+        fields[LOWER_FIELD] = lower
+    if masked:
+        fields[MASKED_FIELD] = masked
+    return fields
+
+
+def node_payload(node: BaseNode) -> Dict[str, Any]:
+    """The payload of ``node``'s point: LlamaIndex ``QdrantVectorStore``'s layout plus
+    :func:`filter_fields` of its metadata (``node`` is not changed)."""
+    payload = node_to_metadata_dict(node, remove_text=False, flat_metadata=False)
+    payload.update(filter_fields(node.metadata))
+    return payload
+
+
+def layout_metadata(payload: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
+    """The node metadata kept in a layout payload's ``_node_content``; None when it has none."""
+    try:
+        metadata = json.loads(payload["_node_content"]).get("metadata")
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    return metadata if isinstance(metadata, dict) else None
 
 
 def check_dense(vectors: Any, dim: int, count: int) -> np.ndarray:
@@ -195,69 +253,143 @@ def check_dense(vectors: Any, dim: int, count: int) -> np.ndarray:
     return array
 
 
-def to_sparse(vector: SparseInput) -> "qe.SparseVector":
-    """An Edge SparseVector from ``{index: weight}`` or ``(indices, weights)``; ValueError when malformed."""
+def sparse_parts(vector: SparseInput) -> Tuple[List[int], List[float]]:
+    """``(indices, values)`` of a sparse vector given as a ``SparseVector`` (anything with
+    ``.indices`` / ``.values``), ``{index: weight}`` or ``(indices, weights)``."""
+    if hasattr(vector, "indices") and hasattr(vector, "values"):
+        return [int(i) for i in vector.indices], [float(v) for v in vector.values]
     if isinstance(vector, Mapping):
-        indices, values = list(vector.keys()), list(vector.values())
-    elif isinstance(vector, tuple) and len(vector) == 2:
-        indices, values = list(vector[0]), list(vector[1])
-    else:
-        raise ValueError(f"sparse vector must be a {{index: weight}} mapping or (indices, weights), got {vector!r:.80}")
+        return [int(i) for i in vector.keys()], [float(v) for v in vector.values()]
+    if isinstance(vector, tuple) and len(vector) == 2:
+        return [int(i) for i in vector[0]], [float(v) for v in vector[1]]
+    raise ValueError(f"sparse vector must be a SparseVector, {{index: weight}} or (indices, weights), got {vector!r:.80}")
+
+
+def check_sparse(vector: SparseInput) -> Tuple[List[int], List[float]]:
+    """:func:`sparse_parts` of ``vector``, checked: as many weights as indices, indices distinct
+    ints in ``[0, 2**32)``, finite weights; else ValueError."""
+    indices, values = sparse_parts(vector)
     if len(indices) != len(values):
         raise ValueError(f"sparse vector has {len(indices)} indices but {len(values)} weights")
-    if any(isinstance(i, bool) or not isinstance(i, (int, np.integer)) or i < 0 or i >= 2**32 for i in indices):
+    if indices and (min(indices) < 0 or max(indices) >= 2**32):
         raise ValueError(f"sparse indices must be ints in [0, 2**32), got {indices[:10]!r}")
-    if len(set(int(i) for i in indices)) != len(indices):
+    if len(set(indices)) != len(indices):
         raise ValueError("sparse vector has repeated indices")
-    weights = [float(v) for v in values]
-    if not all(math.isfinite(w) for w in weights):
+    if not all(math.isfinite(w) for w in values):
         raise ValueError("sparse vector has NaN or inf weights")
-    return qe.SparseVector([int(i) for i in indices], weights)
+    return indices, values
 
 
 # --------------------------------------------------------------------------------------------
-# Filter translation (pure)
+# Filters: one transport-neutral tree, rendered per transport (pure)
 # --------------------------------------------------------------------------------------------
 
-def _none() -> "qe.Filter":
-    return qe.Filter(must=[qe.HasIdCondition(set())])
+
+@dataclass(frozen=True)
+class Keyword:
+    """``field`` equals ``value``, a string or an integer code (for a list field: some element does)."""
+
+    field: str
+    value: Union[str, int]
 
 
-def _kind(kind: str, key: str) -> "qe.FieldCondition":
-    return qe.FieldCondition(KINDS_FIELD, match=qe.MatchValue(f"{kind}:{key}"))
+@dataclass(frozen=True)
+class AnyKeyword:
+    """``field`` equals one of ``values`` (strings, or integer codes)."""
+
+    field: str
+    values: Tuple[Union[str, int], ...]
 
 
-def _any_of(conditions: List[Any]) -> Any:
-    """OR of ``conditions`` (an empty OR matches nothing; Qdrant's empty ``should`` matches all)."""
-    if not conditions:
-        return _none()
-    return conditions[0] if len(conditions) == 1 else qe.Filter(should=conditions)
+@dataclass(frozen=True)
+class Substring:
+    """``field`` is a string containing ``text`` (case-sensitive)."""
+
+    field: str
+    text: str
 
 
-def _path(key: str) -> str:
-    return f"metadata.{key}"
+@dataclass(frozen=True)
+class NumberRange:
+    """``field`` is a number within the bounds (booleans are not numbers here)."""
+
+    field: str
+    gt: Optional[float] = None
+    gte: Optional[float] = None
+    lt: Optional[float] = None
+    lte: Optional[float] = None
 
 
-def _check_filter_number(leaf: MetadataFilter, value: Any) -> None:
-    if isinstance(value, int) and abs(value) > MAX_EXACT_INT:
-        raise ValueError(
-            f"filter on {leaf.key!r} ({leaf.operator.value}): int {value} is beyond +-2**53, which Qdrant "
-            "cannot compare exactly (float64)"
+@dataclass(frozen=True)
+class PointIds:
+    """The point id is one of ``ids``."""
+
+    ids: FrozenSet[str]
+
+
+@dataclass(frozen=True)
+class Clause:
+    """Qdrant's filter: every ``must``, at least one ``should`` (when any), no ``must_not``."""
+
+    must: Tuple[Any, ...] = ()
+    should: Tuple[Any, ...] = ()
+    must_not: Tuple[Any, ...] = ()
+
+
+Condition = Union[Keyword, AnyKeyword, Substring, NumberRange, PointIds, Clause]
+NOTHING = Keyword(KINDS_FIELD, token_code(_NO_POINT_TOKEN))
+LACKS_BOOKKEEPING = Clause(must_not=(Keyword(KINDS_FIELD, token_code(BOOKKEEPING_TOKEN)),))
+
+
+class FilterRoute(ChoiceEnum):
+    """How a :class:`PointFilter` selects points: translated metadata conditions run by the engine
+    (``engine``), or the matching point ids, evaluated in Python (``id_list``)."""
+
+    ENGINE = "engine"
+    ID_LIST = "id_list"
+
+
+@dataclass(frozen=True)
+class PointFilter:
+    """A filter both transports run (``tree``, rendered by each), and how it was obtained."""
+
+    tree: Clause
+    route: FilterRoute
+
+
+class UntranslatableFilterError(ValueError):
+    """A filter the engine cannot evaluate with ``metadata_matches``' exact meaning."""
+
+
+def _kind(kind: str, key: str) -> Keyword:
+    return Keyword(KINDS_FIELD, token_code(f"{kind}:{key}"))
+
+
+def _any_of(parts: Sequence[Condition]) -> Condition:
+    """OR of ``parts`` (an empty OR matches nothing; Qdrant's empty ``should`` matches all)."""
+    if not parts:
+        return NOTHING
+    return parts[0] if len(parts) == 1 else Clause(should=tuple(parts))
+
+
+def _check_filter_value(leaf: MetadataFilter, value: Any) -> None:
+    if value is None or not _is_exact_scalar(value):
+        raise UntranslatableFilterError(
+            f"filter on {leaf.key!r} ({leaf.operator.value}) with value {value!r:.80}: only str, bool, finite float "
+            "and int within +-2**53 compare exactly in the engine (Qdrant compares numbers as float64)"
         )
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"filter on {leaf.key!r} ({leaf.operator.value}): {value!r} is not a finite number")
 
 
-def _number_range(key: str, func: Callable[[Any, Any], bool], wanted: float) -> "qe.FieldCondition":
+def _number_range(key: str, func: Callable[[Any, Any], bool], wanted: float) -> NumberRange:
     if func is operator.eq:
-        return qe.FieldCondition(_path(key), range=qe.RangeFloat(gte=wanted, lte=wanted))
-    bounds = {operator.gt: "gt", operator.ge: "gte", operator.lt: "lt", operator.le: "lte"}
-    return qe.FieldCondition(_path(key), range=qe.RangeFloat(**{bounds[func]: wanted}))
+        return NumberRange(metadata_field(key), gte=wanted, lte=wanted)
+    bound = {operator.gt: "gt", operator.ge: "gte", operator.lt: "lt", operator.le: "lte"}[func]
+    return NumberRange(metadata_field(key), **{bound: wanted})
 
 
-def _compare(key: str, func: Callable[[Any, Any], bool], wanted: Any) -> Any:
+def _compare(key: str, func: Callable[[Any, Any], bool], wanted: Any) -> Condition:
     """Scalar ``func(actual, wanted)`` for a number ``wanted``: numbers by range, bools as 0/1 (as Python)."""
-    parts: List[Any] = [qe.Filter(must=[_kind("num", key), _number_range(key, func, wanted)])]
+    parts: List[Condition] = [Clause(must=(_kind("num", key), _number_range(key, func, wanted)))]
     if func(True, wanted):
         parts.append(_kind("true", key))
     if func(False, wanted):
@@ -265,29 +397,29 @@ def _compare(key: str, func: Callable[[Any, Any], bool], wanted: Any) -> Any:
     return _any_of(parts)
 
 
-def _equals(leaf: MetadataFilter, wanted: Any) -> Any:
+def _equals(leaf: MetadataFilter, wanted: Any) -> Condition:
     """``actual == wanted`` on a scalar metadata value (missing and lists never match)."""
     key = leaf.key
     if wanted is None:
-        return _none()
+        return NOTHING
     if isinstance(wanted, list):
-        raise ValueError(
-            f"filter on {key!r} ({leaf.operator.value}) with a list value {wanted!r}: Qdrant cannot test "
-            "list equality (it matches any element); use ANY/ALL/IN instead"
+        raise UntranslatableFilterError(
+            f"filter on {key!r} ({leaf.operator.value}) with a list value {wanted!r:.80}: Qdrant cannot test "
+            "list equality (it matches any element)"
         )
+    _check_filter_value(leaf, wanted)
     if isinstance(wanted, str):
-        return qe.Filter(must=[_kind("str", key), qe.FieldCondition(_path(key), match=qe.MatchValue(wanted))])
-    _check_filter_number(leaf, wanted)
+        return Clause(must=(_kind("str", key), Keyword(metadata_field(key), wanted)))
     return _compare(key, operator.eq, wanted)
 
 
-def _element_equals(leaf: MetadataFilter, wanted: Any) -> Any:
+def _element_equals(leaf: MetadataFilter, wanted: Any) -> Condition:
     """Some element of the (list) metadata value ``== wanted``; combine with the ``list`` kind."""
     key = leaf.key
+    _check_filter_value(leaf, wanted)
     if isinstance(wanted, str):
-        return qe.FieldCondition(_path(key), match=qe.MatchValue(wanted))
-    _check_filter_number(leaf, wanted)
-    parts: List[Any] = [qe.FieldCondition(_path(key), range=qe.RangeFloat(gte=wanted, lte=wanted))]
+        return Keyword(metadata_field(key), wanted)
+    parts: List[Condition] = [NumberRange(metadata_field(key), gte=wanted, lte=wanted)]
     if wanted == 1:
         parts.append(_kind("ltrue", key))
     if wanted == 0:
@@ -295,318 +427,298 @@ def _element_equals(leaf: MetadataFilter, wanted: Any) -> Any:
     return _any_of(parts)
 
 
-def _substring(key: str, text: str, field: str) -> "qe.Filter":
-    return qe.Filter(must=[_kind("str", key), qe.FieldCondition(field, match=qe.MatchSubstring(text))])
+def _substring(key: str, text: str, field: str) -> Clause:
+    return Clause(must=(_kind("str", key), Substring(field, text)))
 
 
-def _translate_leaf(leaf: MetadataFilter) -> Any:
+def _translate_leaf(leaf: MetadataFilter) -> Condition:
     op, wanted, key = leaf.operator, leaf.value, leaf.key
     if not isinstance(key, str) or not _KEY_RE.match(key):
-        raise ValueError(f"filter key {key!r} is not supported: keys must match {_KEY_RE.pattern}")
+        raise UntranslatableFilterError(f"filter key {key!r} is not supported in the engine: keys must match {_KEY_RE.pattern}")
     if op == FilterOperator.EQ:
         return _equals(leaf, wanted)
     if op == FilterOperator.NE:
-        return qe.Filter(must_not=[_equals(leaf, wanted)])
+        return Clause(must_not=(_equals(leaf, wanted),))
     if op in _ORDER_FUNCS:
         if isinstance(wanted, str):
-            raise ValueError(
-                f"filter on {key!r} ({op.value}) with a str value {wanted!r}: Qdrant ranges are numeric, "
+            raise UntranslatableFilterError(
+                f"filter on {key!r} ({op.value}) with a str value {wanted!r:.80}: Qdrant ranges are numeric, "
                 "string ordering cannot be evaluated in the engine"
             )
-        _check_filter_number(leaf, wanted)
+        _check_filter_value(leaf, wanted)
         return _compare(key, _ORDER_FUNCS[op], wanted)
     if op == FilterOperator.IN:
         return _any_of([_equals(leaf, item) for item in wanted])
     if op == FilterOperator.NIN:
-        return qe.Filter(must_not=[_any_of([_equals(leaf, item) for item in wanted])])
+        return Clause(must_not=(_any_of([_equals(leaf, item) for item in wanted]),))
     if op == FilterOperator.CONTAINS:
-        parts = [qe.Filter(must=[_kind("list", key), _element_equals(leaf, wanted)])]
+        parts: List[Condition] = [Clause(must=(_kind("list", key), _element_equals(leaf, wanted)))]
         if isinstance(wanted, str):
-            parts.append(_substring(key, wanted, _path(key)))
+            parts.append(_substring(key, wanted, metadata_field(key)))
         return _any_of(parts)
     if op == FilterOperator.ANY:
-        return qe.Filter(must=[_kind("list", key), _any_of([_element_equals(leaf, item) for item in wanted])])
+        return Clause(must=(_kind("list", key), _any_of([_element_equals(leaf, item) for item in wanted])))
     if op == FilterOperator.ALL:
-        return qe.Filter(must=[_kind("list", key)] + [_element_equals(leaf, item) for item in wanted])
+        return Clause(must=(_kind("list", key), *[_element_equals(leaf, item) for item in wanted]))
     if op == FilterOperator.TEXT_MATCH:
-        return _substring(key, wanted, _path(key))
+        return _substring(key, wanted, metadata_field(key))
     if op == FilterOperator.TEXT_MATCH_INSENSITIVE:
-        return _substring(key, wanted.lower(), f"{LOWER_FIELD}.{key}")
+        lowered = wanted.lower()  # a string lower-casing changes is in _lower; others are their own lower case
+        return Clause(
+            should=(
+                Clause(must=(_kind("upper", key), Substring(f"{LOWER_FIELD}.{key}", lowered))),
+                Clause(must=(_kind("str", key), Substring(metadata_field(key), lowered)), must_not=(_kind("upper", key),)),
+            )
+        )
     if op == FilterOperator.IS_EMPTY:
-        present = qe.FieldCondition(KINDS_FIELD, match=qe.MatchAny([f"{k}:{key}" for k in _VALUE_KINDS]))
-        return qe.Filter(should=[qe.Filter(must_not=[present]), _kind("empty", key)])
-    raise ValueError(f"unsupported filter operator {op!r}; allowed: {[o.value for o in FilterOperator]}")
+        present = AnyKeyword(KINDS_FIELD, tuple(token_code(f"{k}:{key}") for k in _VALUE_KINDS))
+        return Clause(should=(Clause(must_not=(present,)), _kind("empty", key)))
+    raise UntranslatableFilterError(f"unsupported filter operator {op!r}; allowed: {[o.value for o in FilterOperator]}")
 
 
-def _translate(filters: Union[MetadataFilters, MetadataFilter]) -> Any:
+def _translate(filters: Union[MetadataFilters, MetadataFilter]) -> Condition:
     if isinstance(filters, MetadataFilter):
         return _translate_leaf(filters)
-    subs = [_translate(sub) for sub in filters.filters]
+    subs = tuple(_translate(sub) for sub in filters.filters)
     condition = filters.condition or FilterCondition.AND
     if condition == FilterCondition.AND:
-        return qe.Filter(must=subs)
+        return Clause(must=subs)
     if condition == FilterCondition.OR:
         return _any_of(subs)
     if condition == FilterCondition.NOT:
-        return qe.Filter(must_not=subs)
+        return Clause(must_not=subs)
     raise ValueError(f"unsupported filter condition {condition!r}; allowed: {[c.value for c in FilterCondition]}")
 
 
-def translate_filters(filters: Optional[MetadataFilters]) -> Optional["qe.Filter"]:
-    """The Qdrant filter meaning exactly what ``metadata_matches`` means for ``filters`` (None: no filter).
+def translate_filters(filters: Optional[MetadataFilters]) -> Optional[Clause]:
+    """The engine filter meaning exactly what ``metadata_matches`` means for ``filters`` on points
+    that carry the bookkeeping (None: no filter).
 
-    Validates with ``validate_filters`` first; raises ValueError for a filter Qdrant cannot evaluate
-    exactly (string ranges, list equality, keys that are not plain names, numbers beyond 2**53).
+    Validates with ``validate_filters`` first (ValueError); raises :class:`UntranslatableFilterError`
+    for a filter the engine cannot evaluate exactly (string ranges, list equality, keys that are
+    not plain names, numbers beyond 2**53). Points whose value of a filtered key is ``other`` are
+    not covered: :meth:`EdgePoints.metadata_filter` checks for them.
     """
     validate_filters(filters)
     if filters is None:
         return None
     translated = _translate(filters)
-    return translated if isinstance(translated, qe.Filter) else qe.Filter(must=[translated])
+    return translated if isinstance(translated, Clause) else Clause(must=(translated,))
+
+
+def filter_keys(filters: Union[MetadataFilters, MetadataFilter]) -> List[str]:
+    """The metadata keys ``filters`` reads, sorted."""
+    if isinstance(filters, MetadataFilter):
+        return [filters.key]
+    return sorted({key for sub in filters.filters for key in filter_keys(sub)})
+
+
+def untranslated_points(keys: Sequence[str]) -> Clause:
+    """The points on which a translation reading ``keys`` may not be exact: those without the
+    bookkeeping, and those holding an ``other`` value of one of ``keys``."""
+    others = tuple(token_code(f"other:{key}") for key in keys)
+    return Clause(should=(LACKS_BOOKKEEPING, AnyKeyword(KINDS_FIELD, others)) if others else (LACKS_BOOKKEEPING,))
+
+
+def id_list_filter(allowed_point_ids: Sequence[str], excluded_point_ids: Sequence[str]) -> PointFilter:
+    """A filter admitting exactly ``allowed_point_ids`` (all others are ``excluded_point_ids``):
+    whichever list is shorter goes into the request; an empty allowed list admits nothing."""
+    if len(excluded_point_ids) < len(allowed_point_ids):
+        tree = Clause(must_not=(PointIds(frozenset(excluded_point_ids)),)) if excluded_point_ids else Clause()
+    else:
+        tree = Clause(must=(PointIds(frozenset(allowed_point_ids)),) if allowed_point_ids else (NOTHING,))
+    return PointFilter(tree, FilterRoute.ID_LIST)
+
+
+def edge_filter(condition: Optional[Condition]) -> Any:
+    """``condition`` as Qdrant Edge objects (``qe.Filter`` at the top)."""
+    if condition is None:
+        return None
+    if isinstance(condition, Clause):
+        parts = [[edge_filter(c) for c in group] or None for group in (condition.must, condition.should, condition.must_not)]
+        return qe.Filter(must=parts[0], should=parts[1], must_not=parts[2])
+    if isinstance(condition, Keyword):
+        return qe.FieldCondition(condition.field, match=qe.MatchValue(condition.value))
+    if isinstance(condition, AnyKeyword):
+        return qe.FieldCondition(condition.field, match=qe.MatchAny(list(condition.values)))
+    if isinstance(condition, Substring):
+        return qe.FieldCondition(condition.field, match=qe.MatchSubstring(condition.text))
+    if isinstance(condition, NumberRange):
+        bounds = {b: float(v) for b in ("gt", "gte", "lt", "lte") for v in [getattr(condition, b)] if v is not None}
+        return qe.FieldCondition(condition.field, range=qe.RangeFloat(**bounds))
+    if isinstance(condition, PointIds):
+        return qe.HasIdCondition(set(condition.ids))
+    raise TypeError(f"not a filter condition: {condition!r:.80}")
+
+
+def client_filter(condition: Optional[Condition]) -> Any:
+    """``condition`` as qdrant-client models (``models.Filter`` at the top)."""
+    from qdrant_client import models
+
+    if condition is None:
+        return None
+    if isinstance(condition, Clause):
+        parts = [[client_filter(c) for c in group] or None for group in (condition.must, condition.should, condition.must_not)]
+        return models.Filter(must=parts[0], should=parts[1], must_not=parts[2])
+    if isinstance(condition, Keyword):
+        return models.FieldCondition(key=condition.field, match=models.MatchValue(value=condition.value))
+    if isinstance(condition, AnyKeyword):
+        return models.FieldCondition(key=condition.field, match=models.MatchAny(any=list(condition.values)))
+    if isinstance(condition, Substring):
+        return models.FieldCondition(key=condition.field, match=models.MatchSubstring(substring=condition.text))
+    if isinstance(condition, NumberRange):
+        bounds = {b: float(v) for b in ("gt", "gte", "lt", "lte") for v in [getattr(condition, b)] if v is not None}
+        return models.FieldCondition(key=condition.field, range=models.Range(**bounds))
+    if isinstance(condition, PointIds):
+        return models.HasIdCondition(has_id=sorted(condition.ids))
+    raise TypeError(f"not a filter condition: {condition!r:.80}")
+
+
+def point_ids_filter(allowed_ids: Sequence[str], excluded_ids: Sequence[str]) -> Any:
+    """:func:`id_list_filter` as a qdrant-client filter (point ids, not node ids)."""
+    return client_filter(id_list_filter(allowed_ids, excluded_ids).tree)
 
 
 # --------------------------------------------------------------------------------------------
-# Query building (pure)
+# Payload indexes (pure)
 # --------------------------------------------------------------------------------------------
 
 
-def _check_limit(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r} ({type(value).__name__})")
-    return value
+class IndexKind(ChoiceEnum):
+    """A payload index's type; a field has one, the later member winning (strings outrank numbers;
+    ``integer`` is ``_kinds``' own)."""
+
+    FLOAT = "float"
+    KEYWORD = "keyword"
+    INTEGER = "integer"
+
+
+_INDEX_RANK = {IndexKind.FLOAT: 0, IndexKind.KEYWORD: 1, IndexKind.INTEGER: 2}
+KINDS_INDEX = {KINDS_FIELD: IndexKind.INTEGER}
+
+
+def _payload_value(payload: Mapping[str, Any], field: str) -> Any:
+    head, _, rest = field.partition(".")
+    value = payload.get(head)
+    return value.get(rest) if rest and isinstance(value, Mapping) else (None if rest else value)
+
+
+def payload_index_plan(payloads: Iterable[Mapping[str, Any]], fields: Iterable[str]) -> Dict[str, IndexKind]:
+    """The index each of ``fields`` (metadata paths) wants for these payloads: keyword when it
+    holds strings (also in lists), else float when it holds numbers (booleans are not numbers)."""
+    fields = list(fields)
+    plan: Dict[str, IndexKind] = {}
+    for payload in payloads:
+        for field in fields:
+            value = _payload_value(payload, field)
+            items = value if isinstance(value, list) else [value]
+            if any(type(item) is str for item in items):
+                plan[field] = IndexKind.KEYWORD
+            elif any(type(item) in (int, float) for item in items):
+                plan.setdefault(field, IndexKind.FLOAT)
+    return plan
+
+
+def index_upgrades(existing: Mapping[str, IndexKind], payloads: Sequence[Mapping[str, Any]]) -> Dict[str, IndexKind]:
+    """The metadata indexes of ``existing`` that these payloads outrank (written points decide no
+    new index, only the type of one that exists)."""
+    metadata_fields = [field for field in existing if field != KINDS_FIELD]
+    return indexes_to_create(existing, payload_index_plan(payloads, metadata_fields)) if metadata_fields else {}
+
+
+def indexes_to_create(existing: Mapping[str, IndexKind], wanted: Mapping[str, IndexKind]) -> Dict[str, IndexKind]:
+    """The indexes of ``wanted`` that are missing from ``existing`` or outrank the one there (the
+    kinds seen only grow, so an index is never downgraded and every transport ends alike)."""
+    return {
+        field: kind
+        for field, kind in wanted.items()
+        if field not in existing or (kind != existing[field] and _INDEX_RANK[kind] > _INDEX_RANK[existing[field]])
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Queries: one plan, rendered per transport (pure)
+# --------------------------------------------------------------------------------------------
+
+
+class SearchLeg(NamedTuple):
+    """One nearest-neighbour leg: ``"dense"`` (a vector) or ``"sparse"`` (indices, weights)."""
+
+    kind: str
+    dense: Optional[List[float]]
+    sparse: Optional[Tuple[List[int], List[float]]]
+
+
+class SearchPlan(NamedTuple):
+    """What a search asks the engine: one leg scored by itself (``fusion=None``), or a prefetch of
+    ``prefetch_limit`` per leg fused by ``fusion``; ``engine_rrf_k`` is Qdrant's k (ranks from 0)."""
+
+    legs: Tuple[SearchLeg, ...]
+    fusion: Optional[str]
+    engine_rrf_k: int
+    limit: int
+    prefetch_limit: int
+    filter: Any
+
+
+def _check_count(name: str, value: Any, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r} ({type(value).__name__})")
+    return int(value)
 
 
 def check_fusion(fusion: Optional[str]) -> Optional[str]:
     """``fusion`` if it is None or one of :data:`FUSIONS`; else a ValueError listing them."""
-    if fusion is not None and fusion not in FUSIONS:
-        raise ValueError(f"fusion must be one of {list(FUSIONS)} or None, got {fusion!r}")
-    return fusion
+    return None if fusion is None else EngineFusion.from_str(fusion).value
 
 
-def build_query_request(
-    *,
-    dense: Optional[Sequence[float]] = None,
+def plan_search(
+    dense: Optional[Sequence[float]],
     sparse: Optional[SparseInput] = None,
-    filter: Optional["qe.Filter"] = None,
-    limit: int = 10,
-    fusion: Optional[str] = None,
-    prefetch_limit: Optional[int] = None,
+    *,
+    limit: int,
+    prefetch_limit: int = 100,
     rrf_k: int = 60,
-    dense_name: str = DENSE_VECTOR,
-    sparse_name: str = SPARSE_VECTOR,
-) -> "qe.QueryRequest":
-    """One query: a single leg (``fusion=None``), or a prefetch per leg fused by RRF or DBSF.
+    filter: Any = None,
+    fusion: str = "rrf",
+) -> Optional[SearchPlan]:
+    """The one query builder of both transports (None: nothing to search).
 
-    ``rrf_k`` follows the package convention ``1 / (k + rank)`` with ranks from 1; Qdrant's ranks
-    start at 0, so it gets ``k + 1``. The filter applies to every prefetch and to the fused result.
+    Dense only (``sparse=None``): cosine scores. Sparse only (``dense=None``): IDF-weighted dot
+    products; a sparse vector without terms finds nothing. Both: a dense and a sparse prefetch of
+    ``prefetch_limit`` each (the sparse one left out when it has no terms), fused by ``fusion``:
+    ``"rrf"``, ``1 / (rrf_k + rank)`` with ranks from 1 (Qdrant counts ranks from 0, so it gets
+    ``rrf_k + 1``), or ``"dbsf"`` (each leg's scores normalised by mean +- 3 standard deviations,
+    then summed). The filter applies to every prefetch and to the fused result.
     """
-    _check_limit("limit", limit)
-    check_fusion(fusion)
-    legs: List[Any] = []
-    if dense is not None:
-        vector = np.asarray(dense, dtype=np.float32)
-        if vector.ndim != 1 or not np.isfinite(vector).all():
-            raise ValueError(f"dense query must be a 1-d vector of finite floats, got shape {vector.shape}")
-        legs.append(qe.Query.Nearest(vector.tolist(), using=dense_name))
+    limit = _check_count("limit", limit)
+    prefetch_limit = _check_count("prefetch_limit", prefetch_limit)
+    rrf_k = _check_count("rrf_k", rrf_k, minimum=0)
+    fusion = check_fusion(fusion) or "rrf"
+    if dense is None and sparse is None:
+        raise ValueError("a search needs a dense vector, a sparse vector or both")
+    sparse_leg = None
     if sparse is not None:
-        legs.append(qe.Query.Nearest(to_sparse(sparse), using=sparse_name))
-    if not legs:
-        raise ValueError("query needs dense=, sparse= or both")
-    if fusion is None:
-        if len(legs) == 2:
-            raise ValueError(f"two legs need a fusion; allowed: {list(FUSIONS)}")
-        return qe.QueryRequest(limit=limit, query=legs[0], filter=filter, with_payload=True, with_vector=False)
-    if len(legs) != 2:
-        raise ValueError(f"fusion={fusion!r} needs both dense= and sparse=; pass fusion=None for one leg")
-    per_leg = _check_limit("prefetch_limit", prefetch_limit if prefetch_limit is not None else max(limit, 100))
-    _check_limit("rrf_k", rrf_k)
-    fused = qe.Fusion.Rrf(k=rrf_k + 1) if fusion == "rrf" else qe.Fusion.Dbsf()
-    prefetches = [qe.Prefetch(limit=per_leg, query=leg, filter=filter) for leg in legs]
-    return qe.QueryRequest(
-        limit=limit, query=fused, prefetches=prefetches, filter=filter, with_payload=True, with_vector=False
-    )
+        indices, values = check_sparse(sparse)
+        if indices:
+            sparse_leg = SearchLeg("sparse", None, (indices, values))
+    if dense is None:
+        if sparse_leg is None:
+            return None
+        return SearchPlan((sparse_leg,), None, rrf_k + 1, limit, prefetch_limit, filter)
+    vector = np.asarray(dense, dtype=np.float32)
+    if vector.ndim != 1 or not vector.size or not np.isfinite(vector).all():
+        raise ValueError(f"dense query must be a non-empty 1-d vector of finite floats, got shape {vector.shape}")
+    dense_leg = SearchLeg("dense", [float(x) for x in dense], None)
+    if sparse is None:
+        return SearchPlan((dense_leg,), None, rrf_k + 1, limit, prefetch_limit, filter)
+    legs = (dense_leg,) if sparse_leg is None else (dense_leg, sparse_leg)
+    return SearchPlan(legs, fusion, rrf_k + 1, limit, prefetch_limit, filter)
 
 
 # --------------------------------------------------------------------------------------------
-# The store
+# Engine errors
 # --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class StoreSchema:
-    """What ``store.json`` records: vector names and the dense dimension."""
-
-    dense_dim: int
-    dense_name: str = DENSE_VECTOR
-    sparse_name: str = SPARSE_VECTOR
-
-    def edge_config(self) -> "qe.EdgeConfig":
-        """The Edge shard config: cosine dense vector, IDF-modified sparse vector."""
-        return qe.EdgeConfig(
-            vectors={self.dense_name: qe.EdgeVectorParams(size=self.dense_dim, distance=qe.Distance.Cosine)},
-            sparse_vectors={self.sparse_name: qe.EdgeSparseVectorParams(modifier=qe.Modifier.Idf)},
-        )
-
-    def to_json(self) -> str:
-        return json.dumps({"format": FORMAT_VERSION, "engine": "qdrant-edge", **self.__dict__}, indent=1)
-
-    @classmethod
-    def from_json(cls, text: str, source: Path) -> "StoreSchema":
-        data = json.loads(text)
-        if data.get("format") != FORMAT_VERSION:
-            raise ValueError(f"{source}: store format {data.get('format')!r} is not supported (expected {FORMAT_VERSION})")
-        return cls(dense_dim=int(data["dense_dim"]), dense_name=data["dense_name"], sparse_name=data["sparse_name"])
-
-
-class EdgeStore:
-    """A Qdrant Edge shard in ``path/shard`` with its schema in ``path/store.json``.
-
-    Use :meth:`create` or :meth:`open`; writes go to Edge's WAL, :meth:`flush` persists segments,
-    :meth:`optimize` builds the HNSW and payload indexes (call it after bulk writes).
-    """
-
-    def __init__(self, shard: "qe.EdgeShard", path: Path, schema: StoreSchema) -> None:
-        self._shard = shard
-        self.path = path
-        self.schema = schema
-
-    @classmethod
-    def create(cls, path: Union[str, Path], dense_dim: int, **names: str) -> "EdgeStore":
-        """A new, empty store in ``path`` (created); ValueError if it already holds one."""
-        path = Path(path)
-        _check_limit("dense_dim", dense_dim)
-        if (path / SCHEMA_FILE).exists():
-            raise ValueError(f"{path} already holds a store; use EdgeStore.open")
-        schema = StoreSchema(dense_dim=dense_dim, **names)
-        path.mkdir(parents=True, exist_ok=True)
-        shard = qe.EdgeShard.create(str(path / SHARD_DIR), schema.edge_config())
-        shard.update(qe.UpdateOperation.create_field_index(KINDS_FIELD, qe.PayloadSchemaType.Keyword))
-        tmp = path / (SCHEMA_FILE + ".tmp")
-        tmp.write_text(schema.to_json(), encoding="utf-8")
-        tmp.replace(path / SCHEMA_FILE)
-        logger.info("created Edge store %s (dense dim %d)", path, dense_dim)
-        return cls(shard, path, schema)
-
-    @classmethod
-    def open(cls, path: Union[str, Path]) -> "EdgeStore":
-        """The store in ``path``; Edge checks the shard against the recorded schema."""
-        path = Path(path)
-        schema_file = path / SCHEMA_FILE
-        if not schema_file.exists():
-            raise FileNotFoundError(f"{path} holds no Edge store ({SCHEMA_FILE} missing); use EdgeStore.create")
-        schema = StoreSchema.from_json(schema_file.read_text(encoding="utf-8"), schema_file)
-        shard = qe.EdgeShard.load(str(path / SHARD_DIR), schema.edge_config())
-        return cls(shard, path, schema)
-
-    def __enter__(self) -> "EdgeStore":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    @property
-    def shard(self) -> "qe.EdgeShard":
-        if self._shard is None:
-            raise RuntimeError(f"Edge store {self.path} is closed")
-        return self._shard
-
-    def upsert(self, nodes: Sequence[TextNode], dense_vectors: Any, sparse_vectors: Sequence[SparseInput]) -> None:
-        """Insert or replace one point per node (same node id: replaced)."""
-        nodes = list(nodes)
-        dense = check_dense(dense_vectors, self.schema.dense_dim, len(nodes))
-        sparse = list(sparse_vectors)
-        if len(sparse) != len(nodes):
-            raise ValueError(f"got {len(nodes)} nodes but {len(sparse)} sparse vectors")
-        ids = [node.node_id for node in nodes]
-        if len(set(ids)) != len(ids):
-            raise ValueError("nodes contain repeated node ids")
-        points = [
-            qe.Point(
-                point_id(node.node_id),
-                {self.schema.dense_name: dense[i].tolist(), self.schema.sparse_name: to_sparse(sparse[i])},
-                node_payload(node),
-            )
-            for i, node in enumerate(nodes)
-        ]
-        for start in range(0, len(points), UPSERT_BATCH):
-            self.shard.update(qe.UpdateOperation.upsert_points(points[start : start + UPSERT_BATCH]))
-        logger.debug("upserted %d points into %s", len(points), self.path)
-
-    def delete(self, node_ids: Iterable[str]) -> None:
-        """Delete the points of ``node_ids`` (unknown ids are ignored)."""
-        ids = [point_id(node_id) for node_id in node_ids]
-        if ids:
-            self.shard.update(qe.UpdateOperation.delete_points(ids))
-
-    def count(self, filters: Optional[MetadataFilters] = None) -> int:
-        """Exact number of points (matching ``filters`` when given)."""
-        return int(self.shard.count(qe.CountRequest(exact=True, filter=translate_filters(filters))))
-
-    def retrieve(self, node_ids: Sequence[str]) -> List[TextNode]:
-        """The stored nodes of ``node_ids``, in that order; unknown ids are skipped."""
-        records = self.shard.retrieve([point_id(n) for n in node_ids], True, False)
-        by_id = {record.payload["node_id"]: record.payload for record in records}
-        return [node_from_payload(by_id[n]) for n in node_ids if n in by_id]
-
-    def query(
-        self,
-        *,
-        dense: Optional[Sequence[float]] = None,
-        sparse: Optional[SparseInput] = None,
-        filter: Optional[MetadataFilters] = None,
-        limit: int = 10,
-        fusion: Optional[str] = None,
-        prefetch_limit: Optional[int] = None,
-        rrf_k: int = 60,
-    ) -> List[StoreHit]:
-        """Top ``limit`` points for one leg or two fused legs (see :func:`build_query_request`)."""
-        request = build_query_request(
-            dense=dense,
-            sparse=sparse,
-            filter=translate_filters(filter),
-            limit=limit,
-            fusion=fusion,
-            prefetch_limit=prefetch_limit,
-            rrf_k=rrf_k,
-            dense_name=self.schema.dense_name,
-            sparse_name=self.schema.sparse_name,
-        )
-        if dense is not None and len(dense) != self.schema.dense_dim:
-            raise ValueError(f"dense query has {len(dense)} dimensions, the store {self.schema.dense_dim}")
-        return [StoreHit(p.payload["node_id"], float(p.score), p.payload) for p in self.shard.query(request)]
-
-    def index_metadata_key(self, key: str, kind: str = "keyword") -> None:
-        """Add a payload index on ``metadata.<key>`` (``keyword``, ``integer`` or ``float``) for fast filters."""
-        kinds = {"keyword": qe.PayloadSchemaType.Keyword, "integer": qe.PayloadSchemaType.Integer, "float": qe.PayloadSchemaType.Float}
-        if kind not in kinds:
-            raise ValueError(f"kind must be one of {sorted(kinds)}, got {kind!r}")
-        if not isinstance(key, str) or not _KEY_RE.match(key):
-            raise ValueError(f"metadata key {key!r} is not supported: keys must match {_KEY_RE.pattern}")
-        self.shard.update(qe.UpdateOperation.create_field_index(_path(key), kinds[kind]))
-
-    def flush(self) -> None:
-        """Persist pending changes to the segments."""
-        self.shard.flush()
-
-    def optimize(self) -> bool:
-        """Run Edge's optimizers (HNSW, payload indexes) until done; True when anything changed."""
-        return bool(self.shard.optimize())
-
-    def close(self) -> None:
-        """Flush and release the shard (idempotent)."""
-        if self._shard is not None:
-            self._shard.flush()
-            self._shard.close()
-            self._shard = None
-
-
-# --------------------------------------------------------------------------------------------
-# Point stores: the surface HybridIndex writes and searches through, with two transports
-# --------------------------------------------------------------------------------------------
-
-STORE_LOCK = ".store.lock"
-SERVER_UPSERT_BATCH = 256
-SCROLL_PAGE = 2048
 
 
 class StoredPoint(NamedTuple):
@@ -669,25 +781,157 @@ def engine_writes(path: Path) -> Iterator[None]:
         raise
 
 
-def sparse_parts(vector: Any) -> Tuple[List[int], List[float]]:
-    """``(indices, values)`` of a sparse vector given as qdrant-client ``SparseVector`` (anything
-    with ``.indices`` / ``.values``), ``{index: weight}`` or ``(indices, weights)``."""
-    if hasattr(vector, "indices") and hasattr(vector, "values"):
-        return [int(i) for i in vector.indices], [float(v) for v in vector.values]
-    if isinstance(vector, Mapping):
-        return [int(i) for i in vector.keys()], [float(v) for v in vector.values()]
-    if isinstance(vector, tuple) and len(vector) == 2:
-        return [int(i) for i in vector[0]], [float(v) for v in vector[1]]
-    raise ValueError(f"sparse vector must be a SparseVector, {{index: weight}} or (indices, weights), got {vector!r:.80}")
+# --------------------------------------------------------------------------------------------
+# Point stores: the surface HybridIndex writes and searches through, with two transports
+# --------------------------------------------------------------------------------------------
 
 
-class EdgePoints:
-    """The embedded transport: a Qdrant Edge shard (:class:`EdgeStore` layout) in ``path``.
+@dataclass(frozen=True)
+class StoreSchema:
+    """What ``store.json`` records: vector names and the dense dimension."""
+
+    dense_dim: int
+    dense_name: str = DENSE_VECTOR
+    sparse_name: str = SPARSE_VECTOR
+
+    def edge_config(self) -> "qe.EdgeConfig":
+        """The Edge shard config: cosine dense vector, IDF-modified sparse vector."""
+        return qe.EdgeConfig(
+            vectors={self.dense_name: qe.EdgeVectorParams(size=self.dense_dim, distance=qe.Distance.Cosine)},
+            sparse_vectors={self.sparse_name: qe.EdgeSparseVectorParams(modifier=qe.Modifier.Idf)},
+        )
+
+    def to_json(self) -> str:
+        return json.dumps({"format": FORMAT_VERSION, "engine": "qdrant-edge", **self.__dict__}, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str, source: Path) -> "StoreSchema":
+        data = json.loads(text)
+        if data.get("format") != FORMAT_VERSION:
+            raise ValueError(f"{source}: store format {data.get('format')!r} is not supported (expected {FORMAT_VERSION})")
+        return cls(dense_dim=int(data["dense_dim"]), dense_name=data["dense_name"], sparse_name=data["sparse_name"])
+
+
+class _PointStore:
+    """What both transports share: ids filters, metadata filters and the bookkeeping upgrade, on
+    top of each transport's ``exists``/``count``/``_scroll_payloads``/``_set_payloads``/``_create_indexes``."""
+
+    kind = ""
+    location = ""
+
+    def exists(self) -> bool:  # pragma: no cover - every transport defines it
+        raise NotImplementedError
+
+    def count(self, filter: Any = None) -> int:  # pragma: no cover - every transport defines it
+        raise NotImplementedError
+
+    def ids_filter(self, allowed_node_ids: Sequence[str], excluded_node_ids: Sequence[str]) -> PointFilter:
+        """A filter admitting exactly the points of ``allowed_node_ids`` (see :func:`id_list_filter`)."""
+        return id_list_filter([point_id(n) for n in allowed_node_ids], [point_id(n) for n in excluded_node_ids])
+
+    def metadata_filter(self, filters: Optional[MetadataFilters], nodes: Sequence[BaseNode]) -> Optional[PointFilter]:
+        """The filter admitting exactly the points of ``nodes`` (the indexed chunks) whose metadata
+        ``filters`` matches (``metadata_matches``); None without filters.
+
+        The translation (:func:`translate_filters`, route ``engine``) when it is exact for every
+        stored point, one count query decides; else the matching ids (route ``id_list``).
+        """
+        filters = validate_filters(filters)
+        if filters is None:
+            return None
+        try:
+            tree = _translate(filters)
+        except UntranslatableFilterError as exc:
+            reason = str(exc)
+        else:
+            blocking = self.count(PointFilter(untranslated_points(filter_keys(filters)), FilterRoute.ID_LIST)) if self.exists() else 0
+            if not blocking:
+                self._index_filtered_keys(filter_keys(filters))
+                return PointFilter(tree if isinstance(tree, Clause) else Clause(must=(tree,)), FilterRoute.ENGINE)
+            reason = f"{blocking} point(s) lack the filter bookkeeping or hold a value of {filter_keys(filters)} the engine cannot compare"
+        logger.debug("%s: a filter is evaluated in Python (%s)", self.location, reason)
+        allowed: List[str] = []
+        excluded: List[str] = []
+        for node in nodes:
+            (allowed if metadata_matches(node.metadata, filters) else excluded).append(node.node_id)
+        return self.ids_filter(allowed, excluded)
+
+    def _index_filtered_keys(self, keys: Sequence[str]) -> None:
+        """Create the payload index of each filtered key that holds strings or numbers and has none
+        (:data:`IndexKind` by what ``_kinds`` says it holds); a store that refuses it stays unindexed."""
+        existing = self.payload_indexes
+        for key in keys:
+            field = metadata_field(key)
+            if field in existing or not _KEY_RE.match(key):
+                continue
+            strings = AnyKeyword(KINDS_FIELD, (token_code(f"str:{key}"), token_code(f"lstr:{key}")))
+            numbers = AnyKeyword(KINDS_FIELD, (token_code(f"num:{key}"), token_code(f"lnum:{key}")))
+            if self.count(Clause(must=(strings,))):
+                kind = IndexKind.KEYWORD
+            elif self.count(Clause(must=(numbers,))):
+                kind = IndexKind.FLOAT
+            else:
+                continue
+            try:
+                self._create_indexes({field: kind}, wait=False)
+            except Exception as exc:  # e.g. a read-only folder or API key: filters stay exact, unindexed
+                logger.info("%s: no payload index on %r (%s: %s)", self.location, field, type(exc).__name__, exc)
+            else:
+                logger.info("%s: created the %s payload index of %r (first filtered)", self.location, kind.value, field)
+
+    @property
+    def payload_indexes(self) -> Dict[str, IndexKind]:  # pragma: no cover - every transport defines it
+        raise NotImplementedError
+
+    def ensure_payload_indexes(self, indexes: Mapping[str, IndexKind]) -> None:
+        """Create the payload ``indexes`` (field -> kind) this store lacks or holds with a lower kind
+        (``HybridIndex.push_to`` gives a server the embedded shard's indexes)."""
+        self._create_indexes({field: IndexKind.from_str(kind) for field, kind in indexes.items()})
+
+    def upgrade_payloads(self) -> int:
+        """Add the filter bookkeeping (:func:`filter_fields`, from the metadata in ``_node_content``)
+        to points written without it (and ``_kinds``' integer index); returns how many were upgraded.
+
+        Safe to interrupt: it only adds the bookkeeping fields, each point's together with its
+        ``filters:1`` token in one update, and :meth:`metadata_filter` translates only when no
+        point lacks them; running it again finishes the rest.
+        """
+        if not self.exists() or not self.count(PointFilter(LACKS_BOOKKEEPING, FilterRoute.ID_LIST)):
+            return 0
+        self._create_indexes(KINDS_INDEX)
+        upgraded = 0
+        for page in self._scroll_payloads(PointFilter(LACKS_BOOKKEEPING, FilterRoute.ID_LIST), ["_node_content"]):
+            updates = []
+            for pid, payload in page:
+                metadata = layout_metadata(payload)
+                if metadata is not None:
+                    updates.append((pid, filter_fields(metadata)))
+            self._set_payloads(updates)
+            upgraded += len(updates)
+        return upgraded
+
+    def _scroll_payloads(self, filter: PointFilter, fields: List[str]) -> Iterator[List[Tuple[str, Dict[str, Any]]]]:  # pragma: no cover
+        raise NotImplementedError
+
+    def _set_payloads(self, updates: Sequence[Tuple[str, Dict[str, Any]]]) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def _create_indexes(self, plan: Mapping[str, IndexKind], wait: bool = True) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+
+_EDGE_INDEX_TYPES = {IndexKind.KEYWORD: "Keyword", IndexKind.FLOAT: "Float", IndexKind.INTEGER: "Integer"}
+
+
+class EdgePoints(_PointStore):
+    """The embedded transport: a Qdrant Edge shard in ``path/shard``, its schema in ``path/store.json``.
 
     Edge keeps its WAL exclusive to one open shard, and a second *failed* open of a shard that is
     open elsewhere was seen to damage the open one's segments (qdrant-edge-py 0.9.0). So the shard
     is only ever opened while holding ``path/.store.lock`` (flock): a second open, from this or
-    another process, is a :class:`StoreBusyError` before Edge touches any file.
+    another process, is a :class:`StoreBusyError` before Edge touches any file. Opening a shard
+    whose points lack the filter bookkeeping (written before it existed) adds it
+    (:meth:`upgrade_payloads`); when that cannot be written, filters use id lists.
     """
 
     kind = "edge"
@@ -702,7 +946,9 @@ class EdgePoints:
             self._lock.acquire(timeout=0)
         except IndexWriteLockedError:
             raise StoreBusyError(self.path) from None
-        self._store: Optional[EdgeStore] = None
+        self._engine: Optional["qe.EdgeShard"] = None
+        self._schema: Optional[StoreSchema] = None
+        self._indexes: Dict[str, IndexKind] = {}
         try:
             if fresh:
                 (self.path / SCHEMA_FILE).unlink(missing_ok=True)
@@ -710,17 +956,42 @@ class EdgePoints:
             schema_file = self.path / SCHEMA_FILE
             if schema_file.exists():
                 try:
-                    StoreSchema.from_json(schema_file.read_text(encoding="utf-8"), schema_file)
+                    schema = StoreSchema.from_json(schema_file.read_text(encoding="utf-8"), schema_file)
                 except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
                     raise StoreDamagedError(schema_file, f"cannot be read ({type(exc).__name__}: {exc})") from exc
-                with engine_reads(self.path, "opened"):
-                    self._store = EdgeStore.open(self.path)
+                self._load(schema)
+                self._upgrade_on_open()
         except BaseException:
+            if self._engine is not None:
+                self._engine.close()
             self._lock.release()
             raise
 
+    def _load(self, schema: StoreSchema) -> None:
+        with engine_reads(self.path, "opened"):
+            self._engine = qe.EdgeShard.load(str(self.path / SHARD_DIR), schema.edge_config())
+            self._schema = schema
+            self._indexes = {
+                field: kind
+                for field, info in self._engine.info().payload_schema.items()
+                for kind in IndexKind
+                if info.data_type == getattr(qe.PayloadSchemaType, _EDGE_INDEX_TYPES[kind])
+            }
+
+    def _upgrade_on_open(self) -> None:
+        try:
+            upgraded = self.upgrade_payloads()
+        except StoreDamagedError:
+            raise
+        except Exception as exc:  # a folder that cannot be written: still readable, filters use id lists
+            logger.warning("%s: could not add the filter bookkeeping (%s: %s); filters use id lists", self.path, type(exc).__name__, exc)
+            return
+        if upgraded:
+            self.flush()
+            logger.info("%s: added the filter bookkeeping to %d point(s)", self.path, upgraded)
+
     @property
-    def location(self) -> str:
+    def location(self) -> str:  # type: ignore[override]
         return str(self.path)
 
     @property
@@ -733,33 +1004,62 @@ class EdgePoints:
 
     def _shard(self) -> "qe.EdgeShard":
         self._check_open()
-        if self._store is None:
+        if self._engine is None:
             raise RuntimeError(f"{self.path} holds no shard yet (create() it first)")
-        return self._store.shard
+        return self._engine
 
     def exists(self) -> bool:
         self._check_open()
-        return self._store is not None
+        return self._engine is not None
 
     @property
     def dense_dim(self) -> Optional[int]:
-        return self._store.schema.dense_dim if self._store is not None else None
+        return self._schema.dense_dim if self._schema is not None else None
+
+    @property
+    def payload_indexes(self) -> Dict[str, IndexKind]:
+        """The payload indexes of the shard, by field."""
+        return dict(self._indexes)
 
     def create(self, dense_dim: int) -> None:
-        """Create the shard (dense ``dense_dim``, cosine; sparse with the IDF modifier)."""
-        if self._store is None:
-            self._store = EdgeStore.create(self.path, dense_dim)
+        """Create the shard (dense ``dense_dim``, cosine; sparse with the IDF modifier) with the
+        ``_kinds`` payload index; nothing when it exists."""
+        self._check_open()
+        if self._engine is not None:
+            return
+        _check_count("dense_dim", dense_dim)
+        schema = StoreSchema(dense_dim=int(dense_dim))
+        with engine_writes(self.path):
+            self._engine = qe.EdgeShard.create(str(self.path / SHARD_DIR), schema.edge_config())
+        self._schema = schema
+        self._create_indexes(KINDS_INDEX)
+        tmp = self.path / (SCHEMA_FILE + ".tmp")
+        tmp.write_text(schema.to_json(), encoding="utf-8")
+        tmp.replace(self.path / SCHEMA_FILE)
+        logger.info("created Edge store %s (dense dim %d)", self.path, dense_dim)
+
+    def _create_indexes(self, plan: Mapping[str, IndexKind], wait: bool = True) -> None:
+        for field, kind in indexes_to_create(self._indexes, plan).items():
+            with engine_writes(self.path):
+                self._shard().update(qe.UpdateOperation.create_field_index(field, getattr(qe.PayloadSchemaType, _EDGE_INDEX_TYPES[kind])))
+            self._indexes[field] = kind
 
     def upsert_points(self, point_ids: Sequence[str], dense: np.ndarray, sparse: Sequence[Any], payloads: Sequence[Mapping[str, Any]]) -> None:
-        """Insert or replace points (ids from :func:`point_id`)."""
-        self._check_open()
-        schema = self._store.schema if self._store is not None else None
-        if schema is None:
-            raise RuntimeError(f"{self.path} holds no shard yet (create() it first)")
+        """Insert or replace points (ids from :func:`point_id`, payloads from :func:`node_payload`),
+        creating the payload indexes their metadata wants."""
+        self._shard()
+        schema = self._schema
+        if schema is None:  # pragma: no cover - set with the shard
+            raise RuntimeError(f"{self.path} holds no schema")
+        if not (len(point_ids) == len(sparse) == len(payloads)):
+            raise ValueError(f"got {len(point_ids)} ids, {len(sparse)} sparse vectors and {len(payloads)} payloads")
+        if not len(point_ids):
+            return
         dense = check_dense(dense, schema.dense_dim, len(point_ids))
+        self._create_indexes(index_upgrades(self._indexes, payloads))
         points = []
         for pid, vec, sp, payload in zip(point_ids, dense, sparse, payloads):
-            indices, values = sparse_parts(sp)
+            indices, values = check_sparse(sp)
             vectors = {schema.dense_name: vec.tolist(), schema.sparse_name: qe.SparseVector(indices, values)}
             points.append(qe.Point(pid, vectors, dict(payload)))
         for start in range(0, len(points), UPSERT_BATCH):
@@ -768,59 +1068,89 @@ class EdgePoints:
 
     def delete_points(self, point_ids: Sequence[str]) -> None:
         self._check_open()
-        if point_ids and self._store is not None:
+        if point_ids and self._engine is not None:
             with engine_writes(self.path):
                 self._shard().update(qe.UpdateOperation.delete_points(list(point_ids)))
 
-    def count(self) -> int:
+    def _render(self, filter: Any) -> Any:
+        if isinstance(filter, PointFilter):
+            return edge_filter(filter.tree)
+        if isinstance(filter, Clause):
+            return edge_filter(filter)
+        return filter  # None, or a qe.Filter built by the caller
+
+    def count(self, filter: Any = None) -> int:
+        """Exact number of points (admitted by ``filter`` when given)."""
         self._check_open()
-        if self._store is None:
+        if self._engine is None:
             return 0
         with engine_reads(self.path, "counted"):
-            return self._store.count()
+            return int(self._shard().count(qe.CountRequest(exact=True, filter=self._render(filter))))
+
+    def _scroll(self, filter: Any, with_payload: Any, with_vector: Any) -> Iterator[List[Any]]:
+        offset = None
+        while True:
+            with engine_reads(self.path, "read"):
+                records, offset = self._shard().scroll(
+                    qe.ScrollRequest(limit=SCROLL_PAGE, offset=offset, filter=self._render(filter), with_payload=with_payload, with_vector=with_vector)
+                )
+            yield records
+            if offset is None:
+                return
+
+    def _scroll_payloads(self, filter: PointFilter, fields: List[str]) -> Iterator[List[Tuple[str, Dict[str, Any]]]]:
+        for records in self._scroll(filter, fields, False):
+            yield [(str(r.id), dict(r.payload or {})) for r in records]
+
+    def _set_payloads(self, updates: Sequence[Tuple[str, Dict[str, Any]]]) -> None:
+        for pid, fields in updates:
+            with engine_writes(self.path):
+                self._shard().update(qe.UpdateOperation.set_payload([pid], fields))
 
     def dense_vectors(self) -> Dict[str, List[float]]:
         """Every point's dense vector, by point id."""
         self._check_open()
-        if self._store is None:
+        if self._engine is None or self._schema is None:
             return {}
-        name = self._store.schema.dense_name
+        name = self._schema.dense_name
         out: Dict[str, List[float]] = {}
-        offset = None
-        while True:
-            with engine_reads(self.path, "read"):
-                records, offset = self._shard().scroll(qe.ScrollRequest(limit=SCROLL_PAGE, offset=offset, with_payload=False, with_vector=[name]))
+        for records in self._scroll(None, False, [name]):
             for record in records:
                 vector = (record.vector or {}).get(name)
                 if vector is None:
                     raise StoreDamagedError(self.path, f"holds point {record.id} without its dense vector {name!r}")
                 out[str(record.id)] = vector
-            if offset is None:
-                return out
+        return out
 
     def iter_points(self) -> Iterable[StoredPoint]:
         """Every stored point with its payload and both vectors (for checks and copies)."""
         self._check_open()
-        if self._store is None:
+        if self._engine is None or self._schema is None:
             return
-        schema = self._store.schema
-        offset = None
-        while True:
-            with engine_reads(self.path, "read"):
-                records, offset = self._shard().scroll(qe.ScrollRequest(limit=SCROLL_PAGE, offset=offset, with_payload=True, with_vector=True))
+        schema = self._schema
+        for records in self._scroll(None, True, True):
             for record in records:
                 vectors = record.vector or {}
                 sparse = vectors.get(schema.sparse_name)
                 parts = sparse_parts(sparse) if sparse is not None else ([], [])
                 yield StoredPoint(str(record.id), dict(record.payload or {}), list(vectors.get(schema.dense_name) or []), parts)
-            if offset is None:
-                return
 
-    def ids_filter(self, allowed_node_ids: Sequence[str], excluded_node_ids: Sequence[str]) -> "qe.Filter":
-        """A filter admitting exactly ``allowed_node_ids`` (the shorter list goes into the request)."""
-        if len(excluded_node_ids) < len(allowed_node_ids):
-            return qe.Filter(must_not=[qe.HasIdCondition({point_id(n) for n in excluded_node_ids})])
-        return qe.Filter(must=[qe.HasIdCondition({point_id(n) for n in allowed_node_ids})])
+    def _request(self, plan: SearchPlan) -> "qe.QueryRequest":
+        schema = self._schema
+        assert schema is not None
+        flt = self._render(plan.filter)
+
+        def nearest(leg: SearchLeg) -> Any:
+            if leg.kind == "dense":
+                return qe.Query.Nearest(leg.dense, using=schema.dense_name)
+            assert leg.sparse is not None
+            return qe.Query.Nearest(qe.SparseVector(*leg.sparse), using=schema.sparse_name)
+
+        if plan.fusion is None:
+            return qe.QueryRequest(limit=plan.limit, query=nearest(plan.legs[0]), filter=flt, with_payload=True, with_vector=False)
+        prefetches = [qe.Prefetch(limit=plan.prefetch_limit, query=nearest(leg), filter=flt) for leg in plan.legs]
+        fused = qe.Fusion.Dbsf() if plan.fusion == "dbsf" else qe.Fusion.Rrf(k=plan.engine_rrf_k)
+        return qe.QueryRequest(limit=plan.limit, query=fused, prefetches=prefetches, filter=flt, with_payload=True, with_vector=False)
 
     def search(
         self,
@@ -833,81 +1163,52 @@ class EdgePoints:
         filter: Any = None,
         fusion: str = "rrf",
     ) -> List[Tuple[Dict[str, Any], float]]:
-        """``(payload, score)`` of the top ``limit`` points: dense only (``sparse=None``, cosine
-        scores), sparse only (``dense=None``, IDF-weighted dot products), else an RRF of a dense and
-        a sparse prefetch fused by ``fusion``: ``"rrf"`` (``1 / (rrf_k + rank)``, ranks from 1) or
-        ``"dbsf"`` (each leg's scores normalised by mean +- 3 standard deviations, then summed); a
-        sparse vector without terms leaves its prefetch out. Scores are float32 (the engine's)."""
+        """``(payload, score)`` of the top ``limit`` points, as :func:`plan_search` describes.
+        Scores are float32 (the engine's)."""
         self._check_open()
-        schema = self._store.schema if self._store is not None else None
-        if schema is None:
+        if self._engine is None or self._schema is None:
             return []
-        if dense is None:
-            indices, values = sparse_parts(sparse)
-            if not indices:
-                return []
-            query = qe.Query.Nearest(qe.SparseVector(indices, values), using=schema.sparse_name)
-            request = qe.QueryRequest(limit=limit, query=query, filter=filter, with_payload=True, with_vector=False)
-            with engine_reads(self.path, "searched"):
-                return [(dict(p.payload or {}), float(p.score)) for p in self._shard().query(request)]
-        vector = [float(x) for x in dense]
-        nearest = qe.Query.Nearest(vector, using=schema.dense_name)
-        if sparse is None:
-            request = qe.QueryRequest(limit=limit, query=nearest, filter=filter, with_payload=True, with_vector=False)
-        else:
-            prefetches = [qe.Prefetch(limit=prefetch_limit, query=nearest, filter=filter)]
-            indices, values = sparse_parts(sparse)
-            if indices:
-                query = qe.Query.Nearest(qe.SparseVector(indices, values), using=schema.sparse_name)
-                prefetches.append(qe.Prefetch(limit=prefetch_limit, query=query, filter=filter))
-            fused = qe.Fusion.Dbsf() if fusion == "dbsf" else qe.Fusion.Rrf(k=int(rrf_k) + 1)
-            request = qe.QueryRequest(limit=limit, query=fused, prefetches=prefetches, filter=filter, with_payload=True, with_vector=False)
+        plan = plan_search(dense, sparse, limit=limit, prefetch_limit=prefetch_limit, rrf_k=rrf_k, filter=filter, fusion=fusion)
+        if plan is None:
+            return []
+        if dense is not None and len(plan.legs[0].dense or ()) != self._schema.dense_dim:
+            raise ValueError(f"dense query has {len(plan.legs[0].dense or ())} dimensions, the store {self._schema.dense_dim}")
+        request = self._request(plan)
         with engine_reads(self.path, "searched"):
             return [(dict(p.payload or {}), float(p.score)) for p in self._shard().query(request)]
 
     def flush(self) -> None:
-        if self._store is not None:
+        if self._engine is not None:
             with engine_writes(self.path):
-                self._store.flush()
+                self._engine.flush()
 
     def optimize(self) -> None:
         """Build HNSW and payload indexes (after bulk writes)."""
-        if self._store is not None:
+        if self._engine is not None:
             with engine_writes(self.path):
-                self._store.optimize()
+                self._engine.optimize()
 
     def refresh(self) -> None:
         """Flush, then reload the shard (keeping the lock). qdrant-edge-py 0.9.0 keeps counting
         deleted and replaced points in the sparse vectors' IDF statistics (N, n_t) until the shard
         is loaded again, so a live shard would rank differently from the same shard reopened; a
         write ends with this, so queries always see the statistics of the stored points."""
-        if self._store is not None:
+        if self._engine is not None and self._schema is not None:
             with engine_writes(self.path):
-                self._store.close()
-            with engine_reads(self.path, "reopened"):
-                self._store = EdgeStore.open(self.path)
+                self._engine.flush()
+                self._engine.close()
+                self._engine = None
+            self._load(self._schema)
 
     def close(self) -> None:
         """Flush and close the shard, then release the lock (idempotent)."""
         try:
-            if self._store is not None:
-                self._store.close()
-                self._store = None
+            if self._engine is not None:
+                engine, self._engine = self._engine, None
+                engine.flush()
+                engine.close()
         finally:
             self._lock.release()
-
-
-def point_ids_filter(allowed_ids: Sequence[str], excluded_ids: Sequence[str]) -> Any:
-    """A qdrant-client filter admitting exactly the points ``allowed_ids`` (all others are
-    ``excluded_ids``): whichever list is shorter goes into the request (``has_id``, or
-    ``must_not`` ``has_id``); an empty allowed list admits nothing."""
-    from qdrant_client import models
-
-    if len(excluded_ids) < len(allowed_ids):
-        if not excluded_ids:
-            return models.Filter()
-        return models.Filter(must_not=[models.HasIdCondition(has_id=list(excluded_ids))])
-    return models.Filter(must=[models.HasIdCondition(has_id=list(allowed_ids))])
 
 
 def sparse_vectors_config() -> Dict[str, Any]:
@@ -917,12 +1218,14 @@ def sparse_vectors_config() -> Dict[str, Any]:
     return {SPARSE_VECTOR: models.SparseVectorParams(modifier=models.Modifier.IDF)}
 
 
-class ServerPoints:
+class ServerPoints(_PointStore):
     """The server transport: a collection on a Qdrant server or cluster through qdrant-client
     (also qdrant-client's local mode, which stands in for a server in tests).
 
-    Payloads are written as LlamaIndex's ``QdrantVectorStore`` writes them, so the collection is
-    also readable as a ``QdrantVectorStore``.
+    Payloads are written as LlamaIndex's ``QdrantVectorStore`` writes them (plus the filter
+    bookkeeping), so the collection is also readable as a ``QdrantVectorStore``. Points written
+    without the bookkeeping are filtered by id lists until :meth:`upgrade_payloads` runs (never
+    run implicitly: several workers may open one collection).
     """
 
     kind = "server"
@@ -932,9 +1235,10 @@ class ServerPoints:
         self.collection = collection
         self.url = url
         self._closed = False
+        self._indexes: Optional[Dict[str, IndexKind]] = None  # read from the collection on first use
 
     @property
-    def location(self) -> str:
+    def location(self) -> str:  # type: ignore[override]
         return f"Qdrant collection {self.collection!r} at {self.url}" if self.url else f"Qdrant collection {self.collection!r}"
 
     @property
@@ -951,23 +1255,63 @@ class ServerPoints:
         vectors = self.client.get_collection(self.collection).config.params.vectors
         return int(vectors[DENSE_VECTOR].size)
 
+    @property
+    def payload_indexes(self) -> Dict[str, IndexKind]:
+        """The payload indexes of the collection (as the server reports them, plus those created
+        through this object: qdrant-client's local mode reports none)."""
+        if self._indexes is None:
+            self._indexes = {}
+            if self.exists():
+                schema = self.client.get_collection(self.collection).payload_schema or {}
+                for field, info in schema.items():
+                    data_type = str(getattr(info.data_type, "value", info.data_type))
+                    if data_type in {k.value for k in IndexKind}:
+                        self._indexes[field] = IndexKind(data_type)
+        return dict(self._indexes)
+
     def create(self, dense_dim: int) -> None:
+        """Create the collection (as :meth:`EdgePoints.create`); nothing when it exists."""
         from qdrant_client import models
 
         if self.exists():
             return
+        _check_count("dense_dim", dense_dim)
         self.client.create_collection(
             self.collection,
-            vectors_config={DENSE_VECTOR: models.VectorParams(size=dense_dim, distance=models.Distance.COSINE)},
+            vectors_config={DENSE_VECTOR: models.VectorParams(size=int(dense_dim), distance=models.Distance.COSINE)},
             sparse_vectors_config=sparse_vectors_config(),
         )
+        self._indexes = {}
+        self._create_indexes(KINDS_INDEX)
 
-    def upsert_points(self, point_ids: Sequence[str], dense: np.ndarray, sparse: Sequence[Any], payloads: Sequence[Mapping[str, Any]]) -> None:
+    def _create_indexes(self, plan: Mapping[str, IndexKind], wait: bool = True) -> None:
+        """``wait=False``: the server builds the index in the background (a query that asked for it
+        does not wait; it is exact either way)."""
         from qdrant_client import models
 
+        existing = self.payload_indexes
+        assert self._indexes is not None
+        for field, kind in indexes_to_create(existing, plan).items():
+            schema = {IndexKind.KEYWORD: models.PayloadSchemaType.KEYWORD, IndexKind.FLOAT: models.PayloadSchemaType.FLOAT, IndexKind.INTEGER: models.PayloadSchemaType.INTEGER}[kind]
+            with warnings.catch_warnings():  # local mode (a server's stand-in) warns that it has no payload indexes
+                warnings.filterwarnings("ignore", message="Payload indexes have no effect in the local Qdrant", category=UserWarning)
+                self.client.create_payload_index(self.collection, field_name=field, field_schema=schema, wait=wait)
+            self._indexes[field] = kind
+
+    def upsert_points(self, point_ids: Sequence[str], dense: np.ndarray, sparse: Sequence[Any], payloads: Sequence[Mapping[str, Any]]) -> None:
+        """As :meth:`EdgePoints.upsert_points`."""
+        from qdrant_client import models
+
+        if not (len(point_ids) == len(sparse) == len(payloads)):
+            raise ValueError(f"got {len(point_ids)} ids, {len(sparse)} sparse vectors and {len(payloads)} payloads")
+        if not len(point_ids):
+            return
+        dense = np.asarray(dense, dtype=np.float32)
+        dense = check_dense(dense, dense.shape[1] if dense.ndim == 2 else -1, len(point_ids))
+        self._create_indexes(index_upgrades(self.payload_indexes, payloads))
         points = []
-        for pid, vec, sp, payload in zip(point_ids, np.asarray(dense, dtype=np.float32), sparse, payloads):
-            indices, values = sparse_parts(sp)
+        for pid, vec, sp, payload in zip(point_ids, dense, sparse, payloads):
+            indices, values = check_sparse(sp)
             vector = {DENSE_VECTOR: vec.tolist(), SPARSE_VECTOR: models.SparseVector(indices=indices, values=values)}
             points.append(models.PointStruct(id=pid, vector=vector, payload=dict(payload)))
         for start in range(0, len(points), SERVER_UPSERT_BATCH):
@@ -979,41 +1323,82 @@ class ServerPoints:
         if point_ids and self.exists():
             self.client.delete(self.collection, points_selector=models.PointIdsList(points=list(point_ids)))
 
-    def count(self) -> int:
-        return int(self.client.count(self.collection, exact=True).count) if self.exists() else 0
+    def _render(self, filter: Any) -> Any:
+        if isinstance(filter, PointFilter):
+            return client_filter(filter.tree)
+        if isinstance(filter, Clause):
+            return client_filter(filter)
+        return filter  # None, or a models.Filter built by the caller
+
+    def count(self, filter: Any = None) -> int:
+        """Exact number of points (admitted by ``filter`` when given)."""
+        if not self.exists():
+            return 0
+        return int(self.client.count(self.collection, count_filter=self._render(filter), exact=True).count)
+
+    def _scroll(self, filter: Any, with_payload: Any, with_vectors: Any) -> Iterator[List[Any]]:
+        offset = None
+        while True:
+            points, offset = self.client.scroll(
+                self.collection, scroll_filter=self._render(filter), limit=SCROLL_PAGE, offset=offset, with_payload=with_payload, with_vectors=with_vectors
+            )
+            yield points
+            if offset is None:
+                return
+
+    def _scroll_payloads(self, filter: PointFilter, fields: List[str]) -> Iterator[List[Tuple[str, Dict[str, Any]]]]:
+        for points in self._scroll(filter, fields, False):
+            yield [(str(p.id), dict(p.payload or {})) for p in points]
+
+    def _set_payloads(self, updates: Sequence[Tuple[str, Dict[str, Any]]]) -> None:
+        from qdrant_client import models
+
+        operations = [models.SetPayloadOperation(set_payload=models.SetPayload(payload=fields, points=[pid])) for pid, fields in updates]
+        for start in range(0, len(operations), SERVER_UPSERT_BATCH):
+            self.client.batch_update_points(self.collection, operations[start : start + SERVER_UPSERT_BATCH], wait=True)
 
     def dense_vectors(self) -> Dict[str, List[float]]:
         if not self.exists():
             return {}
         out: Dict[str, List[float]] = {}
-        offset = None
-        while True:
-            points, offset = self.client.scroll(
-                self.collection, limit=SCROLL_PAGE, offset=offset, with_payload=False, with_vectors=[DENSE_VECTOR]
-            )
+        for points in self._scroll(None, False, [DENSE_VECTOR]):
             for point in points:
                 out[str(point.id)] = point.vector[DENSE_VECTOR]
-            if offset is None:
-                return out
+        return out
 
     def iter_points(self) -> Iterable[StoredPoint]:
         """Every stored point with its payload and both vectors."""
         if not self.exists():
             return
-        offset = None
-        while True:
-            points, offset = self.client.scroll(self.collection, limit=SCROLL_PAGE, offset=offset, with_payload=True, with_vectors=True)
+        for points in self._scroll(None, True, True):
             for point in points:
                 vectors = point.vector or {}
                 sparse = vectors.get(SPARSE_VECTOR)
                 parts = sparse_parts(sparse) if sparse is not None else ([], [])
                 yield StoredPoint(str(point.id), dict(point.payload or {}), list(vectors.get(DENSE_VECTOR) or []), parts)
-            if offset is None:
-                return
 
-    def ids_filter(self, allowed_node_ids: Sequence[str], excluded_node_ids: Sequence[str]) -> Any:
-        """As :meth:`EdgePoints.ids_filter`, as a qdrant-client filter."""
-        return point_ids_filter([point_id(n) for n in allowed_node_ids], [point_id(n) for n in excluded_node_ids])
+    def _query_kwargs(self, plan: SearchPlan) -> Dict[str, Any]:
+        from qdrant_client import models
+
+        flt = self._render(plan.filter)
+
+        def nearest(leg: SearchLeg) -> Tuple[Any, str]:
+            if leg.kind == "dense":
+                return leg.dense, DENSE_VECTOR
+            assert leg.sparse is not None
+            return models.SparseVector(indices=leg.sparse[0], values=leg.sparse[1]), SPARSE_VECTOR
+
+        if plan.fusion is None:
+            query, using = nearest(plan.legs[0])
+            return {"query": query, "using": using, "limit": plan.limit, "query_filter": flt}
+        prefetch = [
+            models.Prefetch(query=query, using=using, limit=plan.prefetch_limit, filter=flt)
+            for query, using in (nearest(leg) for leg in plan.legs)
+        ]
+        fused = (
+            models.FusionQuery(fusion=models.Fusion.DBSF) if plan.fusion == "dbsf" else models.RrfQuery(rrf=models.Rrf(k=plan.engine_rrf_k))
+        )
+        return {"prefetch": prefetch, "query": fused, "limit": plan.limit, "query_filter": flt}
 
     def search(
         self,
@@ -1027,42 +1412,10 @@ class ServerPoints:
         fusion: str = "rrf",
     ) -> List[Tuple[Dict[str, Any], float]]:
         """As :meth:`EdgePoints.search`, through the Query API."""
-        from qdrant_client import models
-
-        if dense is None:
-            indices, values = sparse_parts(sparse)
-            if not indices:
-                return []
-            response = self.client.query_points(
-                collection_name=self.collection,
-                query=models.SparseVector(indices=indices, values=values),
-                using=SPARSE_VECTOR,
-                limit=limit,
-                query_filter=filter,
-                with_payload=True,
-            )
-            return [(dict(p.payload or {}), float(p.score)) for p in response.points]
-        vector = [float(x) for x in dense]
-        if sparse is None:
-            response = self.client.query_points(
-                collection_name=self.collection, query=vector, using=DENSE_VECTOR, limit=limit, query_filter=filter, with_payload=True
-            )
-        else:
-            prefetch = [models.Prefetch(query=vector, using=DENSE_VECTOR, limit=prefetch_limit, filter=filter)]
-            indices, values = sparse_parts(sparse)
-            if indices:
-                sparse_query = models.SparseVector(indices=indices, values=values)
-                prefetch.append(models.Prefetch(query=sparse_query, using=SPARSE_VECTOR, limit=prefetch_limit, filter=filter))
-            response = self.client.query_points(
-                collection_name=self.collection,
-                prefetch=prefetch,
-                query=(
-                    models.FusionQuery(fusion=models.Fusion.DBSF) if fusion == "dbsf" else models.RrfQuery(rrf=models.Rrf(k=int(rrf_k) + 1))
-                ),
-                limit=limit,
-                query_filter=filter,
-                with_payload=True,
-            )
+        plan = plan_search(dense, sparse, limit=limit, prefetch_limit=prefetch_limit, rrf_k=rrf_k, filter=filter, fusion=fusion)
+        if plan is None:
+            return []
+        response = self.client.query_points(collection_name=self.collection, with_payload=True, **self._query_kwargs(plan))
         return [(dict(p.payload or {}), float(p.score)) for p in response.points]
 
     def flush(self) -> None:

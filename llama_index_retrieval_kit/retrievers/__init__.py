@@ -1,5 +1,5 @@
 """Retrievers: BM25 keyword search (bm25s), rank/score fusion, a hybrid retriever fusing any legs,
-and Qdrant-native hybrid search."""
+the array-fused retriever of one ``HybridIndex``, and Qdrant-native hybrid search."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ _EXPORTS = {
     "DenseMatrix": ".exact_dense",
     "ExactDenseRetriever": ".exact_dense",
     "metadata_matches": ".filters",
+    "FusedIndexRetriever": ".fused_index",
     "FusedNodeWithScore": ".fusion",
     "reciprocal_rank_fusion": ".fusion",
     "score_fusion": ".fusion",
@@ -25,6 +26,7 @@ __all__ = [
     "BM25TokenizerConfig",
     "DenseMatrix",
     "ExactDenseRetriever",
+    "FusedIndexRetriever",
     "FusedNodeWithScore",
     "HybridRetriever",
     "metadata_matches",
@@ -39,6 +41,7 @@ if TYPE_CHECKING:  # the real imports, for type checkers and IDEs
     from .bm25 import BM25Retriever, BM25TokenizerConfig
     from .exact_dense import DenseMatrix, ExactDenseRetriever
     from .filters import metadata_matches
+    from .fused_index import FusedIndexRetriever
     from .fusion import FusedNodeWithScore, reciprocal_rank_fusion, score_fusion
     from .hybrid import HybridRetriever
     from .qdrant_hybrid import QdrantHybridRetriever

@@ -20,6 +20,12 @@ Fusion runs inside Qdrant (Query API: one prefetch per leg, each with the same f
 RRF). Qdrant's RRF counts ranks from 0 (``1 / (k_q + rank0)``); we pass ``k_q = rrf_k + 1`` so
 scores equal ours, ``1 / (rrf_k + rank)`` with ranks from 1. With weights Qdrant computes
 ``1 / (rank / w + k_q - 1)``, which is not ``w / (k + rank)``: weights rank alike only when equal.
+
+Filters: with a ``HybridIndex``'s point store, ``point_filter`` gives the store's filter for the
+index's ``filters`` (:meth:`~llama_index_retrieval_kit.indices.store.EdgePoints.metadata_filter`):
+the ``MetadataFilters`` translated into Qdrant conditions on payload-indexed fields where that is
+exact, else the list of matching point ids; both mean ``metadata_matches``. The store builds the
+query (``plan_search``) and renders filter and query for Qdrant Edge or qdrant-client alike.
 """
 
 from __future__ import annotations
@@ -81,7 +87,7 @@ def bm25_query_vector(tokens: Sequence[str]) -> models.SparseVector:
 
 def qdrant_filter(
     filters: Optional[MetadataFilters],
-    point_filter: Optional[Callable[[], Optional[models.Filter]]],
+    point_filter: Optional[Callable[[], Any]],
     filter_builder: Optional[Callable[[VectorStoreQuery], Any]],
 ) -> Any:
     """The Qdrant filter of one query: None without ``filters``, else ``point_filter()`` when given,
@@ -131,9 +137,10 @@ class QdrantHybridRetriever(CheckedQueryMixin, BaseRetriever):
         fusion: ``"rrf"`` (default) or ``"dbsf"`` (Qdrant's distribution-based score fusion;
             ``rrf_k`` then plays no part).
         filters: Metadata filters for every query (validated here).
-        point_filter: Called once per query, returns the Qdrant filter that implements
-            ``filters`` (takes precedence over ``filter_builder``). ``HybridIndex`` passes one
-            that admits exactly the chunks ``filters`` matches in every other mode.
+        point_filter: Called once per query, returns the filter that implements ``filters``
+            (takes precedence over ``filter_builder``): a Qdrant filter, or a store
+            ``PointFilter``. ``HybridIndex`` passes one that admits exactly the chunks
+            ``filters`` matches in every other mode (translated for the engine where exact).
         read_guard: Called once per query, returns a context manager held while Qdrant is read
             (``HybridIndex`` passes its read lock, so a query never sees half an update).
     """
@@ -149,7 +156,7 @@ class QdrantHybridRetriever(CheckedQueryMixin, BaseRetriever):
         candidate_top_k: int = 100,
         rrf_k: int = 60,
         filters: Optional[MetadataFilters] = None,
-        point_filter: Optional[Callable[[], Optional[models.Filter]]] = None,
+        point_filter: Optional[Callable[[], Any]] = None,
         read_guard: Optional[Callable[[], ContextManager[Any]]] = None,
         fusion: str = "rrf",
         **kwargs: Any,
@@ -215,7 +222,7 @@ class QdrantDenseRetriever(CheckedQueryMixin, BaseRetriever):
         similarity_top_k: int = 10,
         filters: Optional[MetadataFilters] = None,
         filter_builder: Optional[Callable[[VectorStoreQuery], Any]] = None,
-        point_filter: Optional[Callable[[], Optional[models.Filter]]] = None,
+        point_filter: Optional[Callable[[], Any]] = None,
         read_guard: Optional[Callable[[], ContextManager[Any]]] = None,
         **kwargs: Any,
     ) -> None:

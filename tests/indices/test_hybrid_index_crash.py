@@ -16,7 +16,7 @@ from llama_index.core.node_parser import get_leaf_nodes
 from llama_index.core.storage.docstore import SimpleDocumentStore
 
 from llama_index_retrieval_kit.indices import HybridIndex
-from llama_index_retrieval_kit.indices import hybrid_index as hybrid_index_module
+from llama_index_retrieval_kit.indices import storage as storage_module  # index.json writes: fault injection
 from llama_index_retrieval_kit.retrievers import BM25Retriever
 
 from . import _support
@@ -77,14 +77,14 @@ def test_crash_during_upsert_after_qdrant_write_is_rolled_back_on_load(
         if where == "bm25_persist":  # dies while writing the next generation's files
             m.setattr(BM25Retriever, "persist", crash)
         else:  # dies after the next generation's files, before index.json switches to them
-            real = hybrid_index_module._write_json_atomic
+            real = storage_module.write_json_atomic
 
             def switch_fails(path, data):
                 if data.get("pending") is None:
                     crash()
                 real(path, data)
 
-            m.setattr(hybrid_index_module, "_write_json_atomic", switch_fails)
+            m.setattr(storage_module, "write_json_atomic", switch_fails)
         with pytest.raises(SimulatedCrash):
             crashed.upsert([_support.changed_document()])
 

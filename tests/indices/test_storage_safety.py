@@ -24,6 +24,7 @@ from qdrant_client import QdrantClient
 
 from llama_index_retrieval_kit.indices import HybridIndex
 from llama_index_retrieval_kit.indices import hybrid_index as hybrid_index_module
+from llama_index_retrieval_kit.indices import storage as storage_module  # index.json writes: fault injection
 from llama_index_retrieval_kit.indices.storage import (
     DamagedIndexError,
     FileLock,
@@ -31,7 +32,7 @@ from llama_index_retrieval_kit.indices.storage import (
     IndexWriteLockedError,
 )
 from llama_index_retrieval_kit.retrievers import BM25Retriever
-from llama_index_retrieval_kit.indices.store import EdgePoints, ServerPoints, point_id
+from llama_index_retrieval_kit.indices.store import EdgePoints, point_id
 
 from . import _support
 from ._support import CHANGED_DOC
@@ -208,11 +209,7 @@ def test_two_writers_on_one_folder_sharing_a_qdrant_server(tmp_path: Path, monke
     """Two HybridIndex objects (two processes, in production) on one folder with a Qdrant server:
     each write waits for the other's (``.write.lock``) and starts from the other's commit."""
     server = QdrantClient(path=str(tmp_path / "server"))
-    monkeypatch.setattr(
-        HybridIndex,
-        "_open_store",
-        staticmethod(lambda storage, config, key, fresh=False: ServerPoints(SharedServer(server), config["collection"], config["qdrant_url"])),
-    )
+    monkeypatch.setattr(hybrid_index_module, "server_client", lambda url, api_key=None: SharedServer(server))
     model = MockEmbedding(embed_dim=8)
     path = tmp_path / "idx"
     HybridIndex.from_documents(tiny_documents(n=2), path, embed_model=model, qdrant_url="http://qdrant.invalid:6333").close()
@@ -564,7 +561,7 @@ def test_load_opens_read_only_when_the_roll_back_cannot_be_written(
     with monkeypatch.context() as m:
         m.setattr(EdgePoints, "upsert_points", disk_full)
         m.setattr(EdgePoints, "delete_points", disk_full)
-        m.setattr(hybrid_index_module, "_write_json_atomic", disk_full)
+        m.setattr(storage_module, "write_json_atomic", disk_full)
         with caplog.at_level("WARNING"):
             reopened = HybridIndex.load(index_dir, embed_model=embed_model)
         try:
@@ -591,7 +588,7 @@ def test_roll_back_whose_journal_cannot_be_cleared_still_serves_and_writes(
     """Qdrant restored but index.json not writable for a moment: the object is consistent, keeps
     answering, and its next write clears the old journal."""
     before_ids = set(_support.assert_consistent(index).docstore_leaves)
-    real = hybrid_index_module._write_json_atomic
+    real = storage_module.write_json_atomic
     with monkeypatch.context() as m:
         m.setattr(BM25Retriever, "persist", lambda self, folder: (_ for _ in ()).throw(OSError(5, "I/O error")))
 
@@ -600,7 +597,7 @@ def test_roll_back_whose_journal_cannot_be_cleared_still_serves_and_writes(
                 raise OSError(28, "No space left on device")
             real(path, data)
 
-        m.setattr(hybrid_index_module, "_write_json_atomic", journal_write_fails)
+        m.setattr(storage_module, "write_json_atomic", journal_write_fails)
         with pytest.raises(OSError, match="I/O error"):
             index.upsert([_support.changed_document()])
     assert set(_support.assert_consistent(index).docstore_leaves) == before_ids
