@@ -14,8 +14,14 @@ It turns retrieved chunks into the context an LLM reads, within a token budget:
 2. **fill the budget by relevance** (:meth:`ContextAssembler.select`): chunks best first, each
    costing what it adds to the merged context (an overlapping window pays only for its new
    text), so the budget is never spent twice on one source character; a chunk that does not
-   fit whole is cut to the room left at a sentence boundary (:func:`cut_at_sentence`'s rule;
-   else a word boundary). A span's relevance is its best chunk's score. Tokens are counted with
+   fit whole is cut to the room left (``cut``, :class:`CutMode`): by default to the run of
+   consecutive sentences (:func:`sentence_pieces`) that holds the most weight of the query's
+   terms (:func:`best_run`: each distinct BM25 term once, weighted by its IDF over the
+   candidates' sentences, :func:`query_idf`), else - no term matches, the run starts the chunk,
+   no query string, or ``cut="prefix"`` - to its prefix at a sentence boundary
+   (:func:`cut_at_sentence`'s rule; else a word boundary); either way the cut ends at a
+   sentence boundary and stays an exact substring at its offsets. The room left after it goes
+   to the next chunks the same way. A span's relevance is its best chunk's score. Tokens are counted with
    a real tokenizer on the text the LLM reads, hints included: the embedding model's by default
    (``tokenizer_name``), or any ``str -> list`` callable (``tokenizer=``).
 3. **order** (:func:`order_spans`, :class:`ContextOrder`): by relevance, in document order, or
@@ -25,8 +31,8 @@ It turns retrieved chunks into the context an LLM reads, within a token budget:
 
 Each result is a new ``TextNode`` whose text starts with a citation hint
 (:func:`citation_hints`; ``hint_style="full"``: ``[terms.pdf, 3. Fees > 3.2 Late payment, p. 4]``;
-the default ``"compact"`` leaves out what the LLM reads anyway - the file name the previous span
-cited, the section path's shared parent, a section whose heading starts the span - e.g.
+the default ``"compact"`` names the file when it changes, the innermost section (its first
+``hint_title_words`` words) unless the span starts with its heading, and the pages, e.g.
 ``[3.2 Late payment, p.4]``; the hints cost tokens of the budget) followed by the exact source span; its metadata (hidden from the LLM and the embedder) records the document,
 section, pages, span offsets and the chunks it was built from with their scores. What was left
 out (duplicates, over budget) is in :attr:`ContextAssembler.last_report`. Input nodes are never
@@ -35,7 +41,9 @@ changed.
 
 from __future__ import annotations
 
+import functools
 import logging
+import math
 import os
 import re
 import threading
@@ -63,7 +71,10 @@ __all__ = [
     "HintStyle",
     "LeftOut",
     "Span",
+    "CutMode",
+    "best_run",
     "chunk_from_result",
+    "chunk_pieces",
     "citation_hints",
     "citation_text",
     "cut_at_sentence",
@@ -71,8 +82,13 @@ __all__ = [
     "merge_spans",
     "order_spans",
     "page_text",
+    "query_idf",
+    "sentence_pieces",
 ]
 
+#: Tokens a text may lose when it joins another at a span boundary (tokenizers that merge across
+#: the join): the margin of the "cannot fit" shortcut in :meth:`ContextAssembler.select`.
+_JOIN_SLACK_TOKENS = 2
 #: Node kind used for the deterministic ids of assembled nodes (uuid5 of doc id + span).
 CONTEXT_NODE_KIND = "context"
 #: Reasons recorded in :class:`AssemblyReport`.
@@ -100,6 +116,7 @@ CONTEXT_METADATA_KEYS = (
 
 _SENTENCE_END = re.compile(r"[.!?;:][\"'\u2019\u201d)\]]*(?=\s)|\n")
 _WORD_END = re.compile(r"\S(?=\s)")
+_PIECE_END = re.compile(r"[.!?][\"'\u2019\u201d)\]]*(?=\s)|\n")
 
 
 class ContextOrder(ChoiceEnum):
@@ -109,11 +126,18 @@ class ContextOrder(ChoiceEnum):
     DOCUMENT = "document"  # documents by relevance, spans of a document in document order
     BOOKENDS = "bookends"  # best spans at the start and the end (Lost in the Middle, Liu et al. 2024)
 
+class CutMode(ChoiceEnum):
+    """Which part of a chunk the budget keeps when the chunk does not fit whole."""
+
+    PREFIX = "prefix"  # its first sentences
+    QUERY = "query"  # the run of consecutive sentences holding the most query-term weight (IDF)
+
+
 class HintStyle(ChoiceEnum):
     """How much each citation hint says (every style but "none" keeps a citation on every span)."""
 
     FULL = "full"  # [terms.pdf, 3. Fees > 3.2 Late payment, p. 4] on every span
-    COMPACT = "compact"  # what the LLM reads anyway is left out: [3.2 Late payment, p.4], [p.5]
+    COMPACT = "compact"  # file when it changes, innermost section unless the span starts with it: [3.2 Late payment, p.4]
     NONE = "none"  # no hint (file, section and pages stay in the node metadata only)
 
 @dataclass(frozen=True)
@@ -355,6 +379,19 @@ def merge_spans(
     return spans, duplicates
 
 
+def _overlaps(chunk: Chunk, others: Sequence[Chunk]) -> bool:
+    """True when ``chunk`` shares source text with one of ``others`` (same document, offsets
+    overlap; without offsets: the same document at all)."""
+    for o in others:
+        if o.doc_id != chunk.doc_id:
+            continue
+        if not (chunk.has_offsets and o.has_offsets):
+            return True
+        if o.start < chunk.end and chunk.start < o.end:  # type: ignore[operator]
+            return True
+    return False
+
+
 def sentence_boundaries(text: str) -> List[int]:
     """Offsets just after each sentence end (``.!?;:`` and closing quotes before whitespace) and line end."""
     return [m.end() for m in _SENTENCE_END.finditer(text)] + [len(text)]
@@ -399,37 +436,51 @@ def span_file_name(span: Span) -> str:
     return c.file_name or (os.path.basename(c.source) if c.source else None) or span.doc_id
 
 
-def citation_hints(ordered: Sequence[Span], compact: bool = False) -> List[str]:
+def citation_hints(ordered: Sequence[Span], compact: bool = False, title_words: int = 0) -> List[str]:
     """The citation hint of each span of ``ordered`` (the spans in context order).
 
-    Full: :func:`citation_text` of the file name, section path and pages. ``compact`` leaves out
-    what the LLM reads anyway: the file name when the previous span cites the same file, the
-    section path's parent when the previous span of the same document shares it (only the last
-    element is kept), and the whole section path when the span itself starts with the section's
-    heading; pages read ``p.4``/``pp.3-4``. A compact hint never comes out empty: with nothing
-    else to say it names the file.
+    Full: :func:`citation_text` of the file name, section path and pages. ``compact`` is the
+    shortest hint that still finds the span: the file name (left out when the previous span
+    cites the same file: the LLM just read it), the innermost section only (left out when the
+    span starts with that section's heading; cut to its first ``title_words`` words and "…" when
+    longer, 0: never cut), and pages as ``p.4``/``pp.3-4``. A compact hint never comes out
+    empty: with nothing else to say it names the file. Titles wrapped over lines read as one line.
     """
     hints: List[str] = []
     prev_name: Optional[str] = None
-    prev_path: Dict[str, Tuple[str, ...]] = {}  # doc id -> section path of its previous span
     for span in ordered:
         name = span_file_name(span)
-        path = tuple(p for p in span.section_path if p)
+        path = [p for p in span.section_path if p and not p.isspace()]
         if not compact:
-            hints.append(citation_text(name, path, span.page_start, span.page_end))
+            hints.append(citation_text(name, [_one_line(p) for p in path], span.page_start, span.page_end))
             continue
         shown_name: Optional[str] = None if name == prev_name else name
-        before = prev_path.get(span.doc_id)
-        shown_path = path
-        if before is not None and len(path) > 1 and before[: len(path) - 1] == path[:-1]:
-            shown_path = path[-1:]
-        if path and span.text.lstrip().startswith(path[-1]):
-            shown_path = ()  # the span starts with its section heading: the LLM reads it there
+        title = _one_line(path[-1]) if path else ""
+        if not path or _starts_with_heading(span.text, title):
+            title = ""  # the span starts with its section heading: the LLM reads it there
+        elif title_words and len(title.split()) > title_words:
+            title = " ".join(title.split()[:title_words]) + "\u2026"
         pages = page_text(span.page_start, span.page_end, compact=True)
-        parts = [p for p in (shown_name, " > ".join(shown_path), pages) if p] or [name]
+        parts = [p for p in (shown_name, title, pages) if p] or [name]
         hints.append(f"[{', '.join(parts)}]")
-        prev_name, prev_path[span.doc_id] = name, path
+        prev_name = name
     return hints
+
+
+@functools.lru_cache(maxsize=4096)
+def _one_line(text: str) -> str:
+    """``text`` with every run of whitespace (a title wrapped over lines in a PDF) one space."""
+    return " ".join(text.split())
+
+
+def _starts_with_heading(text: str, title: str) -> bool:
+    """True when ``text`` starts with the heading ``title`` (one line: see :func:`_one_line`;
+    Markdown ``#`` marks before it allowed; whitespace compared as single spaces)."""
+    head = text[: 3 * len(title) + 16].lstrip().lstrip("#").lstrip()
+    if head.startswith(title):
+        return True
+    first = title.split(" ", 1)[0]
+    return head.startswith(first) and _one_line(head).startswith(title)
 
 
 def order_spans(spans: Sequence[Span], order: ContextOrder) -> List[Span]:
@@ -471,6 +522,88 @@ def cut_chunk(chunk: Chunk, length: int) -> Chunk:
     return Chunk(**{**chunk.__dict__, "text": text, "end": end, "truncated": True})
 
 
+def sentence_pieces(text: str) -> List[Tuple[int, int]]:
+    """``(start, end)`` offsets of the sentence pieces of ``text``; they tile it exactly.
+
+    A sentence ends after ``.!?`` (and closing quotes or brackets) before whitespace, or at a line
+    end. Each piece runs from its sentence's first non-space character to the next piece's start
+    (the first from 0), so ``"".join(text[s:e] for s, e in pieces) == text`` and whitespace belongs
+    to the piece before it.
+    """
+    if not text:
+        return []
+    starts = [0]
+    n = len(text)
+    for m in _PIECE_END.finditer(text):
+        j = m.end()
+        while j < n and text[j].isspace():
+            j += 1
+        if j < n and j > starts[-1]:
+            starts.append(j)
+    return list(zip(starts, starts[1:] + [n]))
+
+
+def chunk_pieces(chunk: Chunk) -> List[Chunk]:
+    """``chunk`` cut into its sentence pieces (:func:`sentence_pieces`), each still exact
+    (``doc.text[start:end] == text``); a chunk without offsets is its own only piece."""
+    bounds = sentence_pieces(chunk.text)
+    if not chunk.has_offsets or len(bounds) <= 1:
+        return [chunk]
+    assert chunk.start is not None
+    return [
+        Chunk(**{**chunk.__dict__, "start": chunk.start + a, "end": chunk.start + b, "text": chunk.text[a:b], "truncated": True})
+        for a, b in bounds
+    ]
+
+
+def query_idf(query_terms: Sequence[str], docs: Sequence[Sequence[str]]) -> Dict[str, float]:
+    """IDF of each distinct query term over the term lists ``docs``:
+    ``ln(1 + (N - n_t + 0.5) / (n_t + 0.5))`` (BM25's IDF in Lucene's non-negative form)."""
+    n_docs = len(docs)
+    sets = [set(d) for d in docs]
+    return {t: math.log(1.0 + (n_docs - (n := sum(1 for d in sets if t in d)) + 0.5) / (n + 0.5)) for t in set(query_terms)}
+
+
+def best_run(
+    weights: Dict[str, float],
+    terms: Sequence[frozenset],
+    fits: Callable[[int, int], bool],
+    keep: Optional[Callable[[int, int], bool]] = None,
+) -> Optional[Tuple[int, int]]:
+    """``(i, j)``: the run of pieces ``i..j`` (inclusive) whose query terms weigh most,
+    ``sum(weights[t] for t in union(terms[i..j]))`` (a term counts once), among the longest run
+    from each start that ``fits`` and that ``keep`` accepts; ties go to the earliest start. None
+    when no such run holds a query term.
+
+    ``terms[k]``: the query terms of piece ``k``; ``weights``: each term's weight (its IDF).
+    ``fits`` must be monotone (a run that fits still fits when shortened at its end), so the
+    longest fitting run from each start is found by binary search. A run starts at a piece with
+    a query term or at piece 0 (a longer run from a piece without one weighs no more).
+    """
+    n = len(terms)
+    if not any(terms):
+        return None
+    best: Optional[Tuple[float, int, int]] = None
+    for i in range(n):
+        if i > 0 and not terms[i]:
+            continue
+        if best is not None and sum(weights[t] for t in frozenset().union(*terms[i:])) <= best[0]:
+            break  # no later run can weigh more
+        lo, hi, found = i, n - 1, -1
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            if fits(i, mid):
+                found, lo = mid, mid + 1
+            else:
+                hi = mid - 1
+        if found < 0 or (keep is not None and not keep(i, found)):
+            continue
+        total = sum(weights[t] for t in frozenset().union(*terms[i : found + 1]))
+        if total > 0 and (best is None or total > best[0]):
+            best = (total, i, found)
+    return (best[1], best[2]) if best is not None else None
+
+
 # ------------------------------------------------------------------------------ the postprocessor
 class ContextAssembler(BaseNodePostprocessor):
     """Turn retrieved chunks into a deduplicated, cited context of at most ``max_tokens`` tokens.
@@ -508,16 +641,31 @@ class ContextAssembler(BaseNodePostprocessor):
     )
     hint_style: HintStyle = Field(
         default=HintStyle.COMPACT,
-        description="'compact' (default: what the LLM reads anyway is left out - the file name when the previous "
-        "span cites the same file, the section path's prefix shared with the document's previous span, the section "
-        "when the span starts with its heading - and pages as 'p.4'; it covers the most evidence in "
-        "benchmarks/context_assembly.py), 'full' (file, whole section path "
-        "and pages on every span) or 'none' (no hint; file, section and pages stay in the node metadata).",
+        description="'compact' (default: the file name unless the previous span cites the same file, the innermost "
+        "section unless the span starts with its heading - its first `hint_title_words` words - and pages as 'p.4'; "
+        "it covers the most evidence in benchmarks/context_assembly.py), 'full' (file, whole section path and pages "
+        "on every span) or 'none' (no hint; file, section and pages stay in the node metadata).",
+    )
+    hint_title_words: int = Field(
+        default=6,
+        ge=0,
+        description="Compact hints cite a section by at most this many words of its title, then '…' (0: the "
+        "whole title); the full section path stays in the node metadata. Long titles (papers, PDF bookmarks) "
+        "otherwise cost many tokens on every span: on the SciFact PDFs of benchmarks/context_assembly.py, 6 words "
+        "covered more evidence at 256 to 2048 tokens than whole titles, and the same on the bundled samples.",
     )
     merge_sections: bool = Field(
         default=True,
         description="Merge chunks of one document that touch across a section boundary into one span under one "
         "hint (the text keeps the section headings); False: one span per section.",
+    )
+    cut: CutMode = Field(
+        default=CutMode.QUERY,
+        description="What the budget keeps of a chunk that does not fit whole: 'query' (default: the run of "
+        "consecutive sentences holding the most query-term weight - each distinct BM25 term of the query string "
+        "once, weighted by its IDF over the candidates' sentences - ending at a sentence boundary; the chunk's "
+        "prefix when no sentence matches or the best run starts it; it covers the most evidence at 256 tokens in "
+        "benchmarks/context_assembly.py) or 'prefix' (its first sentences, cut at a sentence boundary).",
     )
     tokenizer_name: str = Field(
         default=DEFAULT_EMBED_MODEL,
@@ -529,6 +677,7 @@ class ContextAssembler(BaseNodePostprocessor):
     _span_fn: Any = PrivateAttr(default=None)
     _lock: Any = PrivateAttr(default_factory=threading.Lock)
     _last_report: Optional[AssemblyReport] = PrivateAttr(default=None)
+    _terms_fn: Optional[Callable[[str], List[str]]] = PrivateAttr(default=None)
 
     def __init__(self, tokenizer: Optional[Callable[[str], Sequence]] = None, **data: Any) -> None:
         if tokenizer is not None and not callable(tokenizer):
@@ -551,6 +700,11 @@ class ContextAssembler(BaseNodePostprocessor):
     @classmethod
     def _check_order(cls, value: Any) -> ContextOrder:
         return ContextOrder.from_str(value)
+
+    @field_validator("cut", mode="before")
+    @classmethod
+    def _check_cut(cls, value: Any) -> CutMode:
+        return CutMode.from_str(value)
 
     @field_validator("hint_style", mode="before")
     @classmethod
@@ -579,7 +733,7 @@ class ContextAssembler(BaseNodePostprocessor):
         """The citation hint of each span of ``ordered`` (the spans in context order)."""
         if not self.include_hint or self.hint_style is HintStyle.NONE:
             return ["" for _ in ordered]
-        return citation_hints(ordered, compact=self.hint_style is HintStyle.COMPACT)
+        return citation_hints(ordered, compact=self.hint_style is HintStyle.COMPACT, title_words=self.hint_title_words)
 
     def _cost(self, spans: Sequence[Span], cache: Dict[str, int]) -> int:
         """Tokens of the context the spans make, in context order (each hint, its newline and the span text)."""
@@ -617,13 +771,66 @@ class ContextAssembler(BaseNodePostprocessor):
 
         return longest(sentence_boundaries(chunk.text)) or longest(word_boundaries(chunk.text))
 
-    def select(self, chunks: Sequence[Chunk]) -> Tuple[List[Chunk], Dict[str, str], List[str]]:
+    def query_terms(self, text: str) -> List[str]:
+        """BM25 terms of ``text`` (the kit's BM25 tokenizer: lowercased words, English stopwords out, stemmed)."""
+        if self._terms_fn is None:
+            with self._lock:
+                if self._terms_fn is None:
+                    from ..retrievers.bm25 import BM25TokenizerConfig, build_tokenizer
+
+                    self._terms_fn = build_tokenizer(BM25TokenizerConfig())
+        return self._terms_fn(text) if text else []
+
+    def _fits(self, selected: List[Chunk], chunk: Chunk, cache: Dict[str, int]) -> Optional[int]:
+        """Tokens of the context with ``chunk`` added to ``selected``, or None when over the budget."""
+        spans, _ = merge_spans(selected + [chunk], self.max_gap_chars, self.merge_sections)
+        cost = self._cost(spans, cache)
+        return cost if cost <= self.max_tokens else None
+
+    def _best_window(
+        self,
+        selected: List[Chunk],
+        chunk: Chunk,
+        pieces: Sequence[Tuple[Chunk, frozenset]],
+        weights: Dict[str, float],
+        cache: Dict[str, int],
+    ) -> Optional[Chunk]:
+        """The cut of ``chunk`` that ``cut="query"`` keeps: the run of its sentence ``pieces`` (each
+        with its query terms) that :func:`best_run` picks among those that fit the budget next to
+        ``selected`` with at least ``min_cut_tokens`` tokens; :meth:`_best_cut`'s prefix (finer
+        boundaries) when that run starts the chunk or no piece matches."""
+        if len(pieces) <= 1 or not chunk.has_offsets:
+            return self._best_cut(selected, chunk, cache)
+        assert chunk.start is not None
+
+        def run(i: int, j: int) -> Chunk:
+            start, end = pieces[i][0].start, pieces[j][0].end
+            assert start is not None and end is not None
+            text = chunk.text[start - chunk.start : end - chunk.start].rstrip()
+            return Chunk(**{**chunk.__dict__, "start": start, "end": start + len(text), "text": text, "truncated": True})
+
+        def fits(i: int, j: int) -> bool:
+            return self._fits(selected, run(i, j), cache) is not None
+
+        def long_enough(i: int, j: int) -> bool:
+            return self._tokens(run(i, j).text, cache) >= self.min_cut_tokens
+
+        found = best_run(weights, [terms for _, terms in pieces], fits, long_enough)
+        if found is None or found[0] == 0:
+            return self._best_cut(selected, chunk, cache)
+        return run(*found)
+
+    def select(
+        self, chunks: Sequence[Chunk], query_str: Optional[str] = None
+    ) -> Tuple[List[Chunk], Dict[str, str], List[str]]:
         """Fill the budget by relevance; returns ``(selected, same-id duplicates, over-budget ids)``.
 
         Chunks are taken best first; a chunk costs what it adds to the merged context (an
         overlapping window only its new text, a chunk inside a taken span nothing), so the
-        budget is never spent twice on the same source text. A chunk that does not fit whole
-        is cut to the room left at a sentence (else word) boundary.
+        budget is never spent twice on the same source text. A chunk that does not fit whole is
+        cut to the room left (``cut``): to the run of its sentences holding the most weight of
+        ``query_str``'s terms (``"query"``, :func:`best_run`; IDF over all candidates' sentences),
+        or to its prefix at a sentence (else word) boundary (``"prefix"``, and without a query).
         """
         duplicates: Dict[str, str] = {}
         pool: Dict[str, Chunk] = {}
@@ -632,20 +839,50 @@ class ContextAssembler(BaseNodePostprocessor):
                 duplicates.setdefault(c.node_id, c.node_id)
             else:
                 pool[c.node_id] = c
+        ranked = sorted(pool.values(), key=lambda c: (-c.score, c.rank))
+        terms = self.query_terms(query_str) if self.cut is CutMode.QUERY and query_str else []
+        pieces: Dict[str, List[Tuple[Chunk, frozenset]]] = {}  # filled at the first cut
+        weights: Dict[str, float] = {}
         selected: List[Chunk] = []
         over: List[str] = []
         cache: Dict[str, int] = {}
-        for c in sorted(pool.values(), key=lambda c: (-c.score, c.rank)):
-            spans, _ = merge_spans(selected + [c], self.max_gap_chars, self.merge_sections)
-            if self._cost(spans, cache) <= self.max_tokens:
-                selected.append(c)
+        used = 0
+        for c in ranked:
+            # Text that shares no character with the context adds about its own tokens at least
+            # (the file name another span's compact hint may drop is one its own hint names): skip
+            # checks that cannot fit. Only a shortcut: whatever is added passed the exact count.
+            fresh = not _overlaps(c, selected)
+            room = self.max_tokens - used + _JOIN_SLACK_TOKENS
+            if not fresh or self._tokens(c.text, cache) <= room:
+                cost = self._fits(selected, c, cache)
+                if cost is not None:
+                    selected.append(c)
+                    used = cost
+                    continue
+            if fresh and room < self.min_cut_tokens:
+                over.append(c.node_id)
                 continue
-            cut = self._best_cut(selected, c, cache)
+            if terms:
+                if not pieces:  # every candidate's sentence pieces with their query terms, and the terms' IDF
+                    query = frozenset(terms)
+                    for r in ranked:
+                        pieces[r.node_id] = [(p, query.intersection(self.query_terms(p.text))) for p in chunk_pieces(r)]
+                    weights = query_idf(terms, [t for r in ranked for _, t in pieces[r.node_id]])
+                cut = self._best_window(selected, c, pieces[c.node_id], weights, cache)
+            else:
+                cut = self._best_cut(selected, c, cache)
             if cut is not None:
                 selected.append(cut)
+                used = self._cost(merge_spans(selected, self.max_gap_chars, self.merge_sections)[0], cache)
             else:
                 over.append(c.node_id)
         return selected, duplicates, over
+
+    def _tokens(self, text: str, cache: Dict[str, int]) -> int:
+        """Tokens of ``text``, counted once per call of :meth:`select` (``cache``)."""
+        if text not in cache:
+            cache[text] = self.count_tokens(text)
+        return cache[text]
 
     def _node(self, span: Span, hint: str) -> NodeWithScore:
         best = span.best
@@ -679,14 +916,16 @@ class ContextAssembler(BaseNodePostprocessor):
         )
         return NodeWithScore(node=node, score=span.score)
 
-    def assemble(self, nodes: Sequence[NodeWithScore]) -> Tuple[List[NodeWithScore], AssemblyReport]:
-        """The context nodes for ``nodes`` and the report (see the class docstring)."""
+    def assemble(
+        self, nodes: Sequence[NodeWithScore], query_str: Optional[str] = None
+    ) -> Tuple[List[NodeWithScore], AssemblyReport]:
+        """The context nodes for ``nodes`` (retrieved for ``query_str``) and the report (see the class docstring)."""
         report = AssemblyReport(max_tokens=self.max_tokens, input_nodes=len(nodes))
         chunks = [chunk_from_result(r, i) for i, r in enumerate(nodes)]
         if self.expand_to_parent:
             chunks = [expand_chunk(c) for c in chunks]
         report.spans = len(merge_spans(chunks, self.max_gap_chars, self.merge_sections)[0])
-        selected, same_id, over = self.select(chunks)
+        selected, same_id, over = self.select(chunks, query_str)
         spans, contained = merge_spans(selected, self.max_gap_chars, self.merge_sections)
         report.left_out.extend(LeftOut(i, DUPLICATE_OF.format(of)) for i, of in {**same_id, **contained}.items())
         report.left_out.extend(LeftOut(i, OVER_BUDGET) for i in over)
@@ -713,7 +952,7 @@ class ContextAssembler(BaseNodePostprocessor):
     ) -> List[NodeWithScore]:
         traced = tracing_enabled()
         started = time.perf_counter()
-        out, report = self.assemble(nodes)
+        out, report = self.assemble(nodes, query_bundle.query_str if query_bundle is not None else None)
         self._last_report = report
         if traced:
             trace_assembly(self, query_bundle, nodes, out, report, started)

@@ -34,9 +34,12 @@ def write_pdf(
     page_numbers: bool = True,
     outline: bool = True,
     title: str = "",
+    page_format: str | tuple[float, float] = "A4",
 ) -> Path:
     """Render ``blocks`` to ``path``; headings become outline entries when ``outline``.
 
+    ``page_format``: an fpdf2 page format ("A3", "A4", "A5", "letter", "legal") or ``(width, height)``
+    in millimetres; small pages make sections run over several pages.
     Needs fpdf2, the ``samples`` extra (:class:`~llama_index_retrieval_kit._extras.MissingExtraError` without it).
     """
     from .._extras import import_extra
@@ -56,7 +59,7 @@ def write_pdf(
                 self.set_font("Helvetica", "I", 8)
                 self.cell(0, 6, f"Page {self.page_no()} of {{nb}}", align="C")
 
-    pdf = _PDF(format="A4")
+    pdf = _PDF(format=page_format)
     pdf.set_title(latin1(title))
     pdf.alias_nb_pages()
     pdf.set_auto_page_break(auto=True, margin=18)

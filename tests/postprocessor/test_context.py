@@ -161,8 +161,8 @@ def test_citation_hints_compact_and_full():
         "[notes.txt]",
     ]
     assert citation_hints(spans, compact=True) == [
-        "[terms.pdf, 3. Fees > 3.2 Late payment, p.4]",  # first span: everything
-        "[3.3 Returned payment, p.4]",  # same file as the previous span, same parent section
+        "[terms.pdf, 3.2 Late payment, p.4]",  # first span: the file, the innermost section, the page
+        "[3.3 Returned payment, p.4]",  # same file as the previous span
         "[privacy.txt, Section 4 - Retention, p.1]",  # another file: named again
         "[terms.pdf, p.5]",  # the span starts with its heading "4.1 Limits"
         "[5. Interest, p.6]",
@@ -170,6 +170,8 @@ def test_citation_hints_compact_and_full():
         "[notes.txt]",
         "[notes.txt]",  # never empty
     ]
+    assert citation_hints(spans, compact=True, title_words=2)[:3] == [
+        "[terms.pdf, 3.2 Late\u2026, p.4]", "[3.3 Returned\u2026, p.4]", "[privacy.txt, Section 4\u2026, p.1]"]
 
 
 def test_hint_style_from_str_and_validation():
