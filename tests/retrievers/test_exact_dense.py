@@ -8,10 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 from llama_index.core.embeddings import MockEmbedding
-from llama_index.core.schema import QueryBundle
+from llama_index.core.schema import QueryBundle, TextNode
 
 from llama_index_retrieval_kit.retrievers import DenseMatrix, ExactDenseRetriever
-from llama_index_retrieval_kit.retrievers.exact_dense import top_dense_matches
+from llama_index_retrieval_kit.retrievers.exact_dense import top_dense_matches, top_dense_positions
 
 from ._strategies import corpus_st, filters_st, oracle_matches
 
@@ -153,3 +153,41 @@ def test_a_bytes_query_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match=r"the query must be a str or a QueryBundle, got NoneType"):
         asyncio.run(retriever.aretrieve(None))  # type: ignore[arg-type]
     assert [r.node.node_id for r in retriever.retrieve(QueryBundle("q", embedding=[1.0, 0.0, 0.0]))][0] == "n0"
+
+
+def test_the_query_product_runs_on_one_blas_thread_and_restores_the_limit() -> None:
+    """A busy neighbour core must not stall the dense leg on a second BLAS thread; queries,
+    nested or from several threads, must not leave BLAS limited after they finish."""
+    import threading
+
+    from threadpoolctl import threadpool_info
+
+    from llama_index_retrieval_kit.retrievers.exact_dense import one_blas_thread
+
+    def blas_threads() -> list:
+        return [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"]
+
+    before = blas_threads()
+    assert before, "numpy has a BLAS"
+    with one_blas_thread():
+        assert blas_threads() == [1] * len(before)
+        with one_blas_thread():
+            assert blas_threads() == [1] * len(before)
+        assert blas_threads() == [1] * len(before)
+    assert blas_threads() == before
+    barrier = threading.Barrier(3)
+
+    def query() -> None:
+        with one_blas_thread():
+            barrier.wait()
+
+    threads = [threading.Thread(target=query) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert blas_threads() == before
+    rng = np.random.default_rng(0)
+    matrix = DenseMatrix.build([TextNode(text=str(i)) for i in range(50)], rng.standard_normal((50, 8)).astype(np.float32))
+    rows, _ = top_dense_positions(matrix, matrix.vectors[3], 1)
+    assert rows.tolist() == [3] and blas_threads() == before
