@@ -587,7 +587,7 @@ def best_run(
     for i in range(n):
         if i > 0 and not terms[i]:
             continue
-        if best is not None and sum(weights[t] for t in frozenset().union(*terms[i:])) <= best[0]:
+        if best is not None and math.fsum(weights[t] for t in frozenset().union(*terms[i:])) <= best[0]:
             break  # no later run can weigh more
         lo, hi, found = i, n - 1, -1
         while lo <= hi:
@@ -598,7 +598,8 @@ def best_run(
                 hi = mid - 1
         if found < 0 or (keep is not None and not keep(i, found)):
             continue
-        total = sum(weights[t] for t in frozenset().union(*terms[i : found + 1]))
+        # fsum: correctly rounded, so equal term sets weigh exactly the same (ties go to the earliest start)
+        total = math.fsum(weights[t] for t in frozenset().union(*terms[i : found + 1]))
         if total > 0 and (best is None or total > best[0]):
             best = (total, i, found)
     return (best[1], best[2]) if best is not None else None

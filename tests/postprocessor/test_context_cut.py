@@ -104,6 +104,11 @@ def test_best_run_examples():
     assert best_run(weights, terms, lambda i, j: j - i < 2) == (3, 3)  # two pieces at most: "late" weighs most
     assert best_run(weights, terms, lambda i, j: False) is None
     assert best_run(weights, [frozenset(), frozenset()], lambda i, j: True) is None  # nothing matches
+    # Equal term sets reached in another order weigh exactly the same: the earliest start wins
+    # (hypothesis found sums that differed in the last bit).
+    terms = [frozenset()] * 4 + [frozenset("b"), frozenset("ab"), frozenset("c"), frozenset("d")]
+    weights = dict(zip("abcd", [1.0, 1.2912953219129522, 1.6222623295504426, 2.291295321912952]))
+    assert best_run(weights, terms, lambda i, j: j - i < 4) == (4, 7)
 
 
 # ------------------------------------------------------------------------------ compact hints
