@@ -150,7 +150,9 @@ _QUERY_SCRIPT = """
 import sys
 from llama_index_retrieval_kit.embeddings import FastHuggingFaceEmbedding
 
-model = FastHuggingFaceEmbedding(model_name=sys.argv[1], onnx_cache_dir=sys.argv[2])
+# The speed check is off: this test is about what ONNX Runtime writes, and under a loaded CI machine
+# the check may measure torch faster and keep ONNX off, which would test nothing.
+model = FastHuggingFaceEmbedding(model_name=sys.argv[1], onnx_cache_dir=sys.argv[2], onnx_speed_check=False)
 assert model.onnx_active, "the ONNX path must be used"
 assert len(model.get_query_embedding("What is the annual fee?")) == 384
 """
