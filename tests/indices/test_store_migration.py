@@ -18,7 +18,7 @@ from qdrant_client import QdrantClient
 
 from llama_index_retrieval_kit.indices import HybridIndex, IndexBusyError
 from llama_index_retrieval_kit.indices import hybrid_index as hybrid_index_module
-from llama_index_retrieval_kit.indices.storage import IndexReadOnlyError
+from llama_index_retrieval_kit.indices.storage import FileLock, IndexReadOnlyError
 
 from . import _support
 
@@ -109,7 +109,7 @@ def test_migration_embeds_what_the_cache_lacks_and_survives_an_interrupted_try(
 def test_an_unwritable_format_1_folder_names_the_migrate_command(template: _support.Template, tmp_path: Path, embed_model) -> None:
     folder = _support.copy_index(template, tmp_path / "old")
     as_format_1(folder, tmp_path / "marker")
-    holder = hybrid_index_module._storage.FileLock(folder / ".write.lock")
+    holder = FileLock(folder / ".write.lock")
     holder.acquire(timeout=0)  # another writer holds the folder
     try:
         with pytest.raises(ValueError, match=r"rkit migrate"):
