@@ -18,24 +18,39 @@ collector for a ``with`` block; :func:`format_trace` renders a trace as one tabl
 
 Cost: stages check :func:`tracing_enabled` (a walk over the few handlers on the dispatcher
 chain) and build nothing when no handler listens; LlamaIndex's ``NullEventHandler`` and this
-package's no-answer response handler do not count as listeners.
+package's no-answer response handler do not count as listeners. When a handler listens, a stage
+keeps a snapshot of its nodes (ids and scores, taken when it ran; a retrieval leg keeps its
+result arrays) and its record builds the per-node ``inputs`` / ``outputs`` / ``dropped`` entries
+only when they are first read. When the only listeners are plain :class:`TraceCollector` s
+(``handle`` not overridden, e.g. :class:`JsonlTraceWriter`) the stages hand them the records
+directly and build no event (nobody else could see one); any other handler on the chain (an
+ordinary or OpenInference-style handler) gets every :class:`StageTraceEvent` and
+:class:`NodesDroppedEvent` through ``dispatcher.event``. A collector makes the one-stage trace of
+a stage run outside any query when it is read; the JSON-lines writer serialises (pydantic's
+Rust serialiser, several times faster than the standard library's ``json`` on these records) and
+writes in batches on a background thread (:meth:`JsonlTraceWriter.flush`). A kept trace holds few
+objects (no reference to the nodes), which keeps garbage collection and its eviction cheap.
+``benchmarks/tracing_overhead.py`` measures the cost.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-import json
+import itertools
 import logging
+import operator
+import os
 import threading
 import time
 import uuid
+import weakref
 from datetime import datetime
 from enum import Enum
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
-from llama_index.core.bridge.pydantic import BaseModel, Field, PrivateAttr
+from llama_index.core.bridge.pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.instrumentation.events.base import BaseEvent
@@ -121,13 +136,31 @@ class DroppedNode(TypedDict):
 
 _LAZY_FIELDS = frozenset({"inputs", "outputs", "dropped"})
 _MATERIALIZE_LOCK = threading.RLock()
+_FIELD_NAMES: Dict[type, Tuple[str, ...]] = {}
+_ALL_FIELDS_SET: Dict[type, set] = {}
+
+
+def _field_names(cls: Any) -> Tuple[str, ...]:
+    """The model's field names in declaration order (cached)."""
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(cls.model_fields)
+    return names
 
 
 def _construct(cls: Any, values: Dict[str, Any], private: Optional[Dict[str, Any]] = None) -> Any:
-    """``cls.model_construct(**values)`` without its per-field default handling (every field is given, or lazy)."""
+    """``cls.model_construct(**values)`` without its per-field default handling (every field is given, or lazy).
+
+    Every field counts as set, so the objects of a class share one fields-set: pydantic only ever
+    adds a field name to it (an assignment), which changes nothing, and copies it for a copy. One
+    set less per record, event and trace: fewer objects for the garbage collector to scan.
+    """
+    fields_set = _ALL_FIELDS_SET.get(cls)
+    if fields_set is None:
+        fields_set = _ALL_FIELDS_SET[cls] = set(_field_names(cls))
     obj = cls.__new__(cls)
     object.__setattr__(obj, "__dict__", values)
-    object.__setattr__(obj, "__pydantic_fields_set__", set(cls.model_fields))
+    object.__setattr__(obj, "__pydantic_fields_set__", fields_set)
     object.__setattr__(obj, "__pydantic_extra__", None)
     object.__setattr__(obj, "__pydantic_private__", private)
     return obj
@@ -151,8 +184,9 @@ class StageTrace(BaseModel):
     attributes: Dict[str, Any] = Field(default_factory=dict, description="Further stage settings and statistics.")
     span_id: Optional[str] = Field(default=None, description="Instrumentation span the stage ran in.")
 
-    # Builds ``inputs`` / ``outputs`` / ``dropped`` on first read (see :func:`_lazy_record`): the hot path stores raw lists.
-    _lazy: Optional[Callable[[], Dict[str, Any]]] = PrivateAttr(default=None)
+    # ``(build, *args)``: ``build(*args)`` makes ``inputs`` / ``outputs`` / ``dropped`` on first read (see
+    # :func:`_lazy_record`); the hot path keeps only a snapshot of plain values.
+    _lazy: Optional[Tuple[Any, ...]] = PrivateAttr(default=None)
 
     def __getattr__(self, name: str) -> Any:
         if name in _LAZY_FIELDS:  # only reached while the field is not built yet (not in __dict__)
@@ -164,9 +198,12 @@ class StageTrace(BaseModel):
         private = self.__pydantic_private__
         if private and private.get("_lazy") is not None:
             with _MATERIALIZE_LOCK:
-                build = private.get("_lazy")
-                if build is not None:
-                    self.__dict__.update(build())
+                lazy = private.get("_lazy")
+                if lazy is not None:
+                    built, given = lazy[0](*lazy[1:]), self.__dict__
+                    values = {k: given[k] if k in given else built.get(k, []) for k in _field_names(StageTrace)}
+                    # declaration order, as a validated record has it (the JSON keys follow the dict)
+                    object.__setattr__(self, "__dict__", values)
                     private["_lazy"] = None
         return self
 
@@ -209,7 +246,7 @@ class StageTrace(BaseModel):
 class QueryTrace(BaseModel):
     """The stage records of one query, in the order the stages ran."""
 
-    trace_id: str = Field(default_factory=lambda: uuid.uuid4().hex, description="Unique id of this trace.")
+    trace_id: str = Field(default_factory=lambda: _IDS.hex(), description="Unique id of this trace (UUID-4 form, 32 hex digits).")
     query_str: Optional[str] = Field(default=None, description="The query text.")
     started_at: datetime = Field(default_factory=datetime.now, description="When the query started.")
     latency_ms: Optional[float] = Field(default=None, description="Query wall time (QueryStart to QueryEnd).")
@@ -245,7 +282,7 @@ class QueryTrace(BaseModel):
         return self.model_dump(mode="json")
 
     def to_json(self) -> str:
-        """One JSON line (no newline inside)."""
+        """One JSON line (no newline inside; pydantic's Rust serialiser: faster than the standard library's ``json``)."""
         return self.model_dump_json()
 
     @classmethod
@@ -316,36 +353,121 @@ class NodesDroppedEvent(BaseEvent):
         return super(NodesDroppedEvent, self._materialize()).__repr_args__()
 
 
+class _Kind(int, Enum):
+    """How a handler on the dispatcher chain takes part in tracing."""
+
+    PASSIVE = 0  # LlamaIndex's default, this package's response filler: not a listener
+    COLLECTOR = 1  # a TraceCollector whose ``handle`` is not overridden: takes stage records directly
+    LISTENER = 2  # any other handler: sees the events
+
+
+_KINDS: Dict[type, _Kind] = {}  # handler class -> its kind
+
+
+def _kind(cls: type) -> _Kind:
+    """The :class:`_Kind` of handlers of ``cls`` (cached per class)."""
+    kind = _KINDS.get(cls)
+    if kind is None:
+        if cls.class_name() in PASSIVE_HANDLERS:  # type: ignore[attr-defined]
+            kind = _Kind.PASSIVE
+        elif issubclass(cls, TraceCollector) and cls.handle is TraceCollector.handle:  # type: ignore[attr-defined]
+            kind = _Kind.COLLECTOR
+        else:
+            kind = _Kind.LISTENER
+        _KINDS[cls] = kind
+    return kind
+
+
 def tracing_enabled() -> bool:
     """True when an event handler other than the passive defaults listens on this module's dispatcher chain."""
     d: Any = dispatcher
-    while d is not None:
+    kinds = _KINDS
+    while True:
         for handler in d.event_handlers:
-            if type(handler).class_name() not in PASSIVE_HANDLERS:
+            kind = kinds.get(type(handler))
+            if kind is None:
+                kind = _kind(type(handler))
+            if kind:
                 return True
-        d = d.parent if d.propagate and d.name != d.root_name else None
-    return False
+        if not d.propagate or d.name == d.root_name:
+            return False
+        d = d.parent
+
+
+def _receivers() -> Optional[List[Any]]:
+    """The plain collectors listening, or None when another handler listens (then the events are dispatched)."""
+    collectors: List[Any] = []
+    d: Any = dispatcher
+    kinds = _KINDS
+    while True:
+        for handler in d.event_handlers:
+            kind = kinds.get(type(handler))
+            if kind is None:
+                kind = _kind(type(handler))
+            if kind is _Kind.COLLECTOR:
+                collectors.append(handler)
+            elif kind:
+                return None
+        if not d.propagate or d.name == d.root_name:
+            return collectors
+        d = d.parent
+
+
+class _Ids:
+    """Unique ids in UUID-4 form, cheap: a random per-process prefix (from ``uuid4``) and a counter.
+
+    ``uuid4()`` reads ``os.urandom`` (a system call) each time; a query emits several events. The
+    prefix is drawn again in a forked child, so processes never share ids.
+    """
+
+    def __init__(self) -> None:
+        self.reseed()
+
+    def reseed(self) -> None:
+        p = uuid.uuid4().hex[:20]  # keeps the version (4) and variant digits of a UUID-4
+        self._prefix, self._dashed = p, f"{p[:8]}-{p[8:12]}-{p[12:16]}-{p[16:20]}-"
+        self._count = itertools.count()
+
+    def hex(self) -> str:
+        """32 hex digits (``uuid4().hex`` form)."""
+        return f"{self._prefix}{next(self._count):012x}"
+
+    def dashed(self) -> str:
+        """``str(uuid4())`` form."""
+        return f"{self._dashed}{next(self._count):012x}"
+
+
+_IDS = _Ids()
 
 
 def emit(record: StageTrace, n_dropped: Optional[int] = None) -> None:
-    """Dispatch ``record`` (and a :class:`NodesDroppedEvent` when it dropped nodes).
+    """Dispatch ``record`` as a :class:`StageTraceEvent`, plus a :class:`NodesDroppedEvent` when it dropped nodes.
 
-    ``n_dropped``: how many it dropped, for a lazy record (whose ``dropped`` is built only when read).
-    Both events are built unvalidated (every field given), the drop event's entries are the record's.
+    When the only listeners are plain :class:`TraceCollector` s (their ``handle`` not overridden), no
+    event is built: each collector takes the record directly (what its ``handle`` would do with
+    the event); any other handler on the chain gets both events through ``dispatcher.event``.
+    ``n_dropped``: how many it dropped when the caller knows (0 skips the check; else the record's
+    ``dropped`` is built to see). Both events are built unvalidated (every field given); the drop
+    event's entries are the record's, built when first read.
     """
-    span_id = active_span_id.get()
+    _emit(record, n_dropped, _receivers(), active_span_id.get())
+
+
+def _emit(record: StageTrace, n_dropped: Optional[int], collectors: Optional[List[Any]], span_id: Optional[str]) -> None:
+    """:func:`emit` with the receivers (:func:`_receivers`) and the active span given (one look-up for several records)."""
     record.__dict__["span_id"] = span_id
-    event = _construct(StageTraceEvent, {"timestamp": datetime.now(), "id_": str(uuid.uuid4()), "span_id": span_id,
+    if collectors is not None:
+        for collector in collectors:
+            collector._add(record)
+        return
+    event = _construct(StageTraceEvent, {"timestamp": datetime.now(), "id_": _IDS.dashed(), "span_id": span_id,
                                          "tags": {}, "trace": record})
     dispatcher.event(event)
-    if n_dropped is None:
-        n_dropped = len(record.dropped)
-    if n_dropped:
-        values = {"timestamp": event.timestamp, "id_": event.id_ + "-dropped", "span_id": span_id, "tags": {},
-                  "stage": record.stage, "name": record.name, "query_str": record.query_str}
-        if "dropped" in record.__dict__:
-            values["dropped"] = record.__dict__["dropped"]
-        dispatcher.event(_construct(NodesDroppedEvent, values, {"_record": record}))
+    if n_dropped == 0 or (n_dropped is None and not record.dropped):
+        return
+    values = {"timestamp": event.timestamp, "id_": event.id_ + "-dropped", "span_id": span_id, "tags": {},
+              "stage": record.stage, "name": record.name, "query_str": record.query_str}
+    dispatcher.event(_construct(NodesDroppedEvent, values, {"_record": record}))
 
 
 # ------------------------------------------------------------------------------ building records (pure)
@@ -394,23 +516,63 @@ def _score(value: Any) -> Optional[float]:
     return None if value is None else float(value)
 
 
+def _entry(rank: int, node_id: str, score: Any, leg_ranks: Any, leg_scores: Any, pre_rerank_rank: Any) -> TracedNode:
+    """A :class:`TracedNode` (optional keys only when they apply)."""
+    node: TracedNode = {"node_id": node_id, "rank": rank, "score": None if score is None else float(score)}
+    if leg_ranks:
+        node["leg_ranks"] = dict(leg_ranks)
+        node["leg_scores"] = dict(leg_scores or {})
+    if pre_rerank_rank is not None:
+        node["pre_rerank_rank"] = pre_rerank_rank
+    return node
+
+
 def traced_node(result: NodeWithScore, rank: int) -> TracedNode:
     """The :class:`TracedNode` of a result at ``rank`` (reads fusion and rerank attributes when present)."""
-    node: TracedNode = {"node_id": result.node.node_id, "rank": rank, "score": _score(result.score)}
     fields = result.__dict__  # not getattr: a missing attribute costs a pydantic AttributeError (microseconds)
-    legs = fields.get("leg_ranks")
-    if legs:
-        node["leg_ranks"] = dict(legs)
-        node["leg_scores"] = dict(fields.get("leg_scores") or {})
-    pre = fields.get("pre_rerank_rank")
-    if pre is not None:
-        node["pre_rerank_rank"] = pre
-    return node
+    return _entry(rank, result.node.node_id, result.score, fields.get("leg_ranks"), fields.get("leg_scores"),
+                  fields.get("pre_rerank_rank"))
 
 
 def traced_nodes(results: Sequence[NodeWithScore]) -> List[TracedNode]:
     """:func:`traced_node` of each result, ranks from 1."""
     return [traced_node(r, i) for i, r in enumerate(results, 1)]
+
+
+#: What a stage keeps of its nodes when it runs: for each result in order, ``node id, score, leg
+#: ranks, leg scores, pre-rerank rank`` (:data:`_SNAPSHOT_WIDTH` values), in one flat tuple. Plain
+#: values: no reference to the results (they are freed with the query), and one object whatever
+#: the number of nodes, for the garbage collector to scan and for the trace's eviction to free.
+Snapshot = Tuple[Any, ...]
+_SNAPSHOT_WIDTH = 5
+_chain = itertools.chain.from_iterable
+
+
+def snapshot(results: Sequence[NodeWithScore]) -> Snapshot:
+    """The results' ids, scores and fusion / rerank attributes as they are now (later stages may rescore in place).
+
+    The per-node entries (:func:`from_snapshot`) are built from it only when a record is read.
+    The leg rank and score mappings are the results' own (fusion makes them once per result);
+    they are copied when read.
+    """
+    # __dict__, not getattr: a missing attribute costs a pydantic AttributeError (microseconds)
+    return tuple(_chain([((f := r.__dict__)["node"].node_id, f["score"], f.get("leg_ranks"), f.get("leg_scores"),
+                          f.get("pre_rerank_rank")) for r in results]))
+
+
+def from_snapshot(snap: Snapshot) -> List[TracedNode]:
+    """The :class:`TracedNode` entries of a :func:`snapshot`, ranks from 1 (equal to :func:`traced_nodes` then)."""
+    out: List[TracedNode] = []
+    rows = iter(snap)
+    for i, (node_id, score, leg_ranks, leg_scores, pre_rerank_rank) in enumerate(zip(*[rows] * _SNAPSHOT_WIDTH), 1):
+        node: TracedNode = {"node_id": node_id, "rank": i, "score": None if score is None else float(score)}  # as _entry, inline
+        if leg_ranks:
+            node["leg_ranks"] = dict(leg_ranks)
+            node["leg_scores"] = dict(leg_scores or {})
+        if pre_rerank_rank is not None:
+            node["pre_rerank_rank"] = pre_rerank_rank
+        out.append(node)
+    return out
 
 
 def _dropped(node: TracedNode, reason: DropReason, detail: Optional[str] = None, duplicate_of: Optional[str] = None) -> DroppedNode:
@@ -423,38 +585,41 @@ def _dropped(node: TracedNode, reason: DropReason, detail: Optional[str] = None,
 
 
 def _record(stage: Stage, name: str, component: str, query_str: Optional[str], latency_ms: float, **fields: Any) -> StageTrace:
-    defaults: Dict[str, Any] = dict(
-        inputs=[], outputs=[], dropped=[], confidence=None, threshold=None, context_tokens=None, max_tokens=None,
+    values: Dict[str, Any] = dict(
+        stage=stage, name=name, component=component, query_str=query_str, inputs=[], outputs=[], dropped=[],
+        latency_ms=float(latency_ms), confidence=None, threshold=None, context_tokens=None, max_tokens=None,
         attributes={}, span_id=None,
-    )
-    defaults.update(fields)
-    defaults.update(stage=stage, name=name, component=component, query_str=query_str, latency_ms=float(latency_ms))
-    return _construct(StageTrace, defaults, {"_lazy": None})
+    )  # declaration order
+    values.update(fields)
+    return _construct(StageTrace, values, {"_lazy": None})
 
 
 def _lazy_record(stage: Stage, name: str, component: str, query_str: Optional[str], latency_ms: float,
-                 build: Callable[[], Dict[str, Any]], **fields: Any) -> StageTrace:
-    """A record whose ``inputs`` / ``outputs`` / ``dropped`` not in ``fields`` come from ``build()`` when first read."""
-    values: Dict[str, Any] = dict(confidence=None, threshold=None, context_tokens=None, max_tokens=None, attributes={}, span_id=None)
-    values.update(fields)
-    values.update(stage=stage, name=name, component=component, query_str=query_str, latency_ms=float(latency_ms))
+                 build: Callable[..., Dict[str, Any]], args: Tuple[Any, ...], **fields: Any) -> StageTrace:
+    """A record whose ``inputs`` / ``outputs`` / ``dropped`` not in ``fields`` come from ``build(*args)`` when first read.
 
-    def fill() -> Dict[str, Any]:
-        built = build()
-        return {k: built.get(k, []) for k in _LAZY_FIELDS if k not in values}
+    ``build`` is a module function and ``args`` plain values (no closure): a kept trace holds few
+    objects the garbage collector must track.
+    """
+    values: Dict[str, Any] = {"stage": stage, "name": name, "component": component, "query_str": query_str,
+                              "latency_ms": float(latency_ms), "confidence": None, "threshold": None, "context_tokens": None,
+                              "max_tokens": None, "attributes": {}, "span_id": None, **fields}
+    return _construct(StageTrace, values, {"_lazy": (build, *args)})
 
-    return _construct(StageTrace, values, {"_lazy": fill})
+
+def _leg_fields(snap: Snapshot, depth: Optional[int]) -> Dict[str, Any]:
+    inputs = from_snapshot(snap)
+    kept = inputs if depth is None else inputs[:depth]
+    dropped = [_dropped(n, DropReason.NOT_IN_TOP_K, f"leg rank {n['rank']} > candidate_top_k {depth}") for n in inputs[len(kept):]]
+    return {"inputs": inputs, "outputs": kept, "dropped": dropped}
 
 
 def leg_record(
     name: str, component: str, query_str: Optional[str], results: Sequence[NodeWithScore], depth: Optional[int], latency_ms: float
 ) -> StageTrace:
     """A retrieval leg: what it returned (inputs) and the first ``depth`` that go to fusion (outputs)."""
-    inputs = traced_nodes(results)
-    kept = inputs if depth is None else inputs[:depth]
-    dropped = [_dropped(n, DropReason.NOT_IN_TOP_K, f"leg rank {n['rank']} > candidate_top_k {depth}") for n in inputs[len(kept):]]
-    return _record(Stage.RETRIEVAL_LEG, name, component, query_str, latency_ms, inputs=inputs, outputs=kept, dropped=dropped,
-                   attributes={"candidate_top_k": depth})
+    return _lazy_record(Stage.RETRIEVAL_LEG, name, component, query_str, latency_ms, _leg_fields, (snapshot(results), depth),
+                        attributes={"candidate_top_k": depth})
 
 
 def fusion_record(
@@ -473,33 +638,49 @@ def fusion_record(
 
 def _fusion_fields(legs: Mapping[str, Sequence[TracedNode]], outputs: Sequence[TracedNode], attributes: Mapping[str, Any]) -> Dict[str, Any]:
     """Fusion's ``inputs`` (merged leg candidates, ranked by best leg rank) and ``dropped`` (those not in ``outputs``)."""
-    merged: Dict[str, TracedNode] = {}
+    merged: Dict[str, Tuple[List[int], Dict[str, int], Dict[str, Optional[float]]]] = {}  # id -> ([best rank], ranks, scores)
     for leg, nodes in legs.items():
         for n in nodes:
-            entry = merged.get(n["node_id"])
+            node_id, rank = n["node_id"], n["rank"]
+            entry = merged.get(node_id)
             if entry is None:
-                entry = merged[n["node_id"]] = {"node_id": n["node_id"], "rank": 0, "score": None, "leg_ranks": {}, "leg_scores": {}}
-            entry["leg_ranks"][leg] = n["rank"]
-            entry["leg_scores"][leg] = n["score"]
-    inputs = sorted(merged.values(), key=lambda n: (min(n["leg_ranks"].values()), n["node_id"]))
-    for i, n in enumerate(inputs, 1):
-        n["rank"] = i
+                merged[node_id] = ([rank], {leg: rank}, {leg: n["score"]})
+            else:
+                entry[1][leg] = rank
+                entry[2][leg] = n["score"]
+                if rank < entry[0][0]:
+                    entry[0][0] = rank
+    order = sorted(merged, key=lambda node_id: (merged[node_id][0][0], node_id))
+    inputs: List[TracedNode] = [{"node_id": node_id, "rank": i, "score": None, "leg_ranks": merged[node_id][1],
+                                 "leg_scores": merged[node_id][2]} for i, node_id in enumerate(order, 1)]
     kept = {n["node_id"] for n in outputs}
     detail = f"fused rank > similarity_top_k {attributes.get('similarity_top_k')}"
-    dropped = [_dropped(n, DropReason.NOT_IN_TOP_K, detail) for n in inputs if n["node_id"] not in kept]
+    reason = DropReason.NOT_IN_TOP_K
+    dropped: List[DroppedNode] = [{"node_id": n["node_id"], "reason": reason, "rank": n["rank"], "score": None, "detail": detail}
+                                  for n in inputs if n["node_id"] not in kept]
     return {"inputs": inputs, "dropped": dropped}
 
 
-def _emit_lazy_fusion(component: str, query_str: Optional[str], leg_records: Mapping[str, StageTrace], candidates: int,
-                      fused: Sequence[NodeWithScore], latency_ms: float, attributes: Dict[str, Any]) -> None:
-    """Emit fusion's record with ``inputs`` / ``dropped`` built on first read (``candidates``: distinct leg candidates)."""
-    outputs = traced_nodes(fused)  # the results are the caller's (mutable): copied now
+def _lazy_fusion_fields(snap: Snapshot, leg_records: Tuple[Tuple[str, StageTrace], ...], attributes: Mapping[str, Any]) -> Dict[str, Any]:
+    outputs = from_snapshot(snap)
+    return {"outputs": outputs, **_fusion_fields({name: record.outputs for name, record in leg_records}, outputs, attributes)}
 
-    def build() -> Dict[str, Any]:
-        return _fusion_fields({name: record.outputs for name, record in leg_records.items()}, outputs, attributes)
 
-    record = _lazy_record(Stage.FUSION, "fusion", component, query_str, latency_ms, build, outputs=outputs, attributes=attributes)
-    emit(record, n_dropped=max(0, candidates - len(outputs)))
+def _emit_lazy_fusion(component: str, query_str: Optional[str], leg_records: Mapping[str, StageTrace],
+                      fused: Sequence[NodeWithScore], latency_ms: float, attributes: Dict[str, Any],
+                      count_candidates: Callable[[], int]) -> None:
+    """Emit fusion's record, its per-node entries built on first read.
+
+    ``count_candidates()``: how many distinct candidates the legs handed to fusion, asked only when
+    events are dispatched (then the drop event is sent when fusion dropped any, without building
+    the record's entries to see).
+    """
+    snap = snapshot(fused)  # the results are the caller's (mutable): ids and scores kept now
+    record = _lazy_record(Stage.FUSION, "fusion", component, query_str, latency_ms, _lazy_fusion_fields,
+                          (snap, tuple(leg_records.items()), attributes), attributes=attributes)
+    collectors = _receivers()
+    n_dropped = None if collectors is not None else max(0, count_candidates() - len(fused))
+    _emit(record, n_dropped, collectors, active_span_id.get())
 
 
 def array_leg_nodes(nodes: Sequence[Any], positions: Sequence[int], scores: Sequence[float]) -> List[TracedNode]:
@@ -507,27 +688,33 @@ def array_leg_nodes(nodes: Sequence[Any], positions: Sequence[int], scores: Sequ
     return [{"node_id": nodes[p].node_id, "rank": i, "score": s} for i, (p, s) in enumerate(zip(positions, scores), 1)]
 
 
+def _array_leg_fields(nodes: Sequence[Any], positions: Any, scores: Any) -> Dict[str, Any]:
+    return {"outputs": array_leg_nodes(nodes, positions.tolist(), scores.tolist())}
+
+
 # ------------------------------------------------------------------------------ stage hooks (called only when enabled)
 def trace_index_fusion(
     retriever: Any, query: Any, nodes: Sequence[Any], legs: Mapping[str, Tuple[Any, Any]], fused: Sequence[NodeWithScore], laps: Laps
 ) -> None:
-    """Emit the leg and fusion records of a ``FusedIndexRetriever`` query (legs as position/score arrays)."""
+    """Emit the leg and fusion records of a ``FusedIndexRetriever`` query.
+
+    ``legs``: per leg, its top positions into ``nodes`` and their scores, best first, as fresh
+    numpy arrays that nobody writes afterwards (the records keep them and read them when read).
+    """
     query_str = _query_text(query)
     component = type(retriever).__name__
     records: Dict[str, StageTrace] = {}
-    seen: set = set()
+    collectors, span_id = _receivers(), active_span_id.get()
     for name, (positions, scores) in legs.items():
-        positions, scores = positions.tolist(), scores.tolist()  # copies: the per-node entries are built on first read
-        seen.update(positions)
         ms = laps.ms.get(name, 0.0) + (laps.ms.get("embed", 0.0) if name == "dense" else 0.0)
-        build = (lambda p=positions, s=scores: {"outputs": array_leg_nodes(nodes, p, s)})
-        records[name] = record = _lazy_record(Stage.RETRIEVAL_LEG, name, component, query_str, ms, build, inputs=[], dropped=[],
-                                              attributes={"candidate_top_k": retriever._depth})
-        emit(record, n_dropped=0)
+        records[name] = record = _lazy_record(Stage.RETRIEVAL_LEG, name, component, query_str, ms, _array_leg_fields,
+                                              (nodes, positions, scores), attributes={"candidate_top_k": retriever._depth})
+        _emit(record, 0, collectors, span_id)
     attributes = {"mode": retriever._mode, "similarity_top_k": retriever.similarity_top_k, "weights": list(retriever._weights)}
     if retriever._mode == "rrf":
         attributes["rrf_k"] = retriever._rrf_k
-    _emit_lazy_fusion(component, query_str, records, len(seen), fused, laps.ms.get("fusion", 0.0), attributes)
+    _emit_lazy_fusion(component, query_str, records, fused, laps.ms.get("fusion", 0.0), attributes,
+                      lambda: len(set().union(*(positions.tolist() for positions, _ in legs.values()))))
 
 
 def trace_hybrid(
@@ -538,15 +725,15 @@ def trace_hybrid(
     query_str = _query_text(query)
     component = type(retriever).__name__
     records: Dict[str, StageTrace] = {}
-    seen: set = set()
     for name, results, depth, ms in zip(retriever.names, leg_results, retriever._depths, leg_ms):
         records[name] = record = leg_record(name, component, query_str, results, depth, ms)
-        seen.update(n["node_id"] for n in record.outputs)
-        emit(record)
+        emit(record, n_dropped=0 if depth is None else max(0, len(results) - depth))
     attributes = {"mode": retriever._mode, "similarity_top_k": retriever._similarity_top_k, "weights": list(retriever._weights)}
     if retriever._mode == "rrf":
         attributes["rrf_k"] = retriever._rrf_k
-    _emit_lazy_fusion(component, query_str, records, len(seen), fused, fusion_ms, attributes)
+    depths = retriever._depths
+    _emit_lazy_fusion(component, query_str, records, fused, fusion_ms, attributes,
+                      lambda: len({r.node.node_id for results, depth in zip(leg_results, depths) for r in results[:depth]}))
 
 
 def timed(fn: Callable[[Any], Any], arg: Any) -> Tuple[Any, float]:
@@ -561,13 +748,9 @@ async def atimed(awaitable: Any) -> Tuple[Any, float]:
     return await awaitable, elapsed_ms(started)
 
 
-def gate_record(gate: Any, nodes: Sequence[NodeWithScore], kept: Sequence[NodeWithScore], query: Any, latency_ms: float) -> StageTrace:
-    """The no-answer gate: closed -> every input dropped below threshold (or below the cutoff)."""
-    inputs = traced_nodes(nodes)
-    outputs = traced_nodes(kept)
-    conf = gate._last_confidence if gate.is_fitted else None
-    closed = bool(nodes) and not kept
-    cutoff = gate.similarity_cutoff
+def _gate_fields(in_snap: Snapshot, out_snap: Snapshot, cutoff: Optional[float], conf: Optional[float],
+                 threshold: Optional[float]) -> Dict[str, Any]:
+    inputs, outputs = from_snapshot(in_snap), from_snapshot(out_snap)
     kept_ids = {n["node_id"] for n in outputs}
     dropped = []
     for n in inputs:
@@ -576,26 +759,38 @@ def gate_record(gate: Any, nodes: Sequence[NodeWithScore], kept: Sequence[NodeWi
         if cutoff is not None and (n["score"] is None or n["score"] < cutoff):
             dropped.append(_dropped(n, DropReason.BELOW_CUTOFF, f"score {n['score']} < similarity_cutoff {cutoff}"))
         else:
-            dropped.append(_dropped(n, DropReason.BELOW_THRESHOLD, f"confidence {conf:.4f} < threshold {gate.threshold:.4f}"
+            dropped.append(_dropped(n, DropReason.BELOW_THRESHOLD, f"confidence {conf:.4f} < threshold {threshold:.4f}"
                                     if conf is not None else "gate closed"))
-    return _record(Stage.NO_ANSWER_GATE, "no_answer", type(gate).__name__, _query_text(query), latency_ms, inputs=inputs,
-                   outputs=outputs, dropped=dropped, confidence=conf, threshold=gate.threshold if gate.is_fitted else None,
-                   attributes={"closed": closed, "similarity_cutoff": cutoff})
+    return {"inputs": inputs, "outputs": outputs, "dropped": dropped}
 
 
-def trace_gate(gate: Any, nodes: Sequence[NodeWithScore], kept: Sequence[NodeWithScore], query: Any, started: float) -> None:
-    """Emit the no-answer gate's record."""
-    emit(gate_record(gate, nodes, kept, query, elapsed_ms(started)))
+def gate_record(gate: Any, nodes: Sequence[NodeWithScore], kept: Sequence[NodeWithScore], query: Any, latency_ms: float,
+                confidence: Optional[float] = None) -> StageTrace:
+    """The no-answer gate: closed -> every input dropped below threshold (or below the cutoff).
+
+    ``confidence``: the answer probability the gate computed for these nodes (None when unfitted).
+    """
+    fitted = gate.is_fitted
+    conf = confidence if fitted else None
+    threshold = gate.threshold if fitted else None
+    cutoff = gate.similarity_cutoff
+    in_snap = snapshot(nodes)
+    same = len(kept) == len(nodes) and all(map(operator.is_, kept, nodes))  # the open gate: every input passed on
+    out_snap = in_snap if same else snapshot(kept)
+    return _lazy_record(Stage.NO_ANSWER_GATE, "no_answer", type(gate).__name__, _query_text(query), latency_ms, _gate_fields,
+                        (in_snap, out_snap, cutoff, conf, threshold), confidence=conf, threshold=threshold,
+                        attributes={"closed": bool(nodes) and not kept, "similarity_cutoff": cutoff})
 
 
-def rerank_record(reranker: Any, query: Any, nodes: Sequence[NodeWithScore], results: Sequence[NodeWithScore], latency_ms: float) -> StageTrace:
-    """The reranker: inputs beyond ``max_candidates``, unscored (latency budget) or below ``top_n`` are dropped."""
-    stats = reranker.last_stats
-    inputs = traced_nodes(nodes)
-    outputs = traced_nodes(results)
+def trace_gate(gate: Any, nodes: Sequence[NodeWithScore], kept: Sequence[NodeWithScore], query: Any, started: float,
+               confidence: Optional[float] = None) -> None:
+    """Emit the no-answer gate's record (``confidence``: see :func:`gate_record`)."""
+    emit(gate_record(gate, nodes, kept, query, elapsed_ms(started), confidence), n_dropped=len(nodes) - len(kept))
+
+
+def _rerank_fields(in_snap: Snapshot, out_snap: Snapshot, capped: int, scored: int, budget_ms: Any, top_n: Any) -> Dict[str, Any]:
+    inputs, outputs = from_snapshot(in_snap), from_snapshot(out_snap)
     kept = {n["node_id"] for n in outputs}
-    capped = stats.capped_to if stats is not None else len(inputs)
-    scored = stats.scored if stats is not None else len(inputs)
     dropped = []
     for n in inputs:
         if n["node_id"] in kept:
@@ -603,47 +798,63 @@ def rerank_record(reranker: Any, query: Any, nodes: Sequence[NodeWithScore], res
         if n["rank"] > capped:
             dropped.append(_dropped(n, DropReason.OVER_MAX_CANDIDATES, f"input rank {n['rank']} > max_candidates {capped}"))
         elif n["rank"] > scored:
-            dropped.append(_dropped(n, DropReason.NOT_SCORED, f"latency budget {reranker.latency_budget_ms} ms: scored {scored}"))
+            dropped.append(_dropped(n, DropReason.NOT_SCORED, f"latency budget {budget_ms} ms: scored {scored}"))
         else:
-            dropped.append(_dropped(n, DropReason.NOT_IN_TOP_K, f"reranked below top_n {reranker.top_n}"))
+            dropped.append(_dropped(n, DropReason.NOT_IN_TOP_K, f"reranked below top_n {top_n}"))
+    return {"inputs": inputs, "outputs": outputs, "dropped": dropped}
+
+
+def rerank_record(reranker: Any, query: Any, nodes: Sequence[NodeWithScore], results: Sequence[NodeWithScore], latency_ms: float) -> StageTrace:
+    """The reranker: inputs beyond ``max_candidates``, unscored (latency budget) or below ``top_n`` are dropped."""
+    stats = reranker.last_stats
+    capped = stats.capped_to if stats is not None else len(nodes)
+    scored = stats.scored if stats is not None else len(nodes)
     attributes: Dict[str, Any] = {"model": reranker.model, "top_n": reranker.top_n}
     if stats is not None:
         attributes.update(scoring_ms=stats.scoring_ms, scored=stats.scored, per_pair_ms=stats.per_pair_ms)
-    return _record(Stage.RERANK, "rerank", type(reranker).__name__, _query_text(query), latency_ms, inputs=inputs,
-                   outputs=outputs, dropped=dropped, attributes=attributes)
+    return _lazy_record(Stage.RERANK, "rerank", type(reranker).__name__, _query_text(query), latency_ms, _rerank_fields,
+                        (snapshot(nodes), snapshot(results), capped, scored, reranker.latency_budget_ms, reranker.top_n),
+                        attributes=attributes)
 
 
 def trace_rerank(reranker: Any, query: Any, nodes: Sequence[NodeWithScore], results: Sequence[NodeWithScore], started: float) -> None:
     """Emit the reranker's record."""
-    emit(rerank_record(reranker, query, nodes, results, elapsed_ms(started)))
+    emit(rerank_record(reranker, query, nodes, results, elapsed_ms(started)), n_dropped=len(nodes) - len(results))
+
+
+def _assembly_fields(in_snap: Snapshot, out_snap: Snapshot, sources: Tuple[Tuple[str, ...], ...],
+                     left_out: Tuple[str, ...], max_tokens: Any) -> Dict[str, Any]:
+    inputs = from_snapshot(in_snap)
+    by_id = {n["node_id"]: n for n in inputs}
+    outputs = from_snapshot(out_snap)
+    for node, source_ids in zip(outputs, sources):
+        node["source_ids"] = list(source_ids)
+    dropped = []
+    for node_id, reason in zip(*[iter(left_out)] * 2):
+        n = by_id.get(node_id) or {"node_id": node_id, "rank": None, "score": None}
+        if reason.startswith("duplicate of "):
+            dropped.append(_dropped(n, DropReason.DUPLICATE, reason, duplicate_of=reason[len("duplicate of "):]))
+        else:
+            dropped.append(_dropped(n, DropReason.OVER_BUDGET, f"budget {max_tokens} tokens"))
+    return {"inputs": inputs, "outputs": outputs, "dropped": dropped}
 
 
 def assembly_record(assembler: Any, query: Any, nodes: Sequence[NodeWithScore], out: Sequence[NodeWithScore], report: Any,
                     latency_ms: float) -> StageTrace:
     """Context assembly: outputs are the assembled nodes (with the input ids each holds), drops from its report."""
-    inputs = traced_nodes(nodes)
-    by_id = {n["node_id"]: n for n in inputs}
-    outputs = traced_nodes(out)
-    for node, result in zip(outputs, out):
-        node["source_ids"] = list((result.node.metadata or {}).get("source_node_ids") or [])
-    dropped = []
-    for left in report.left_out:
-        n = by_id.get(left.node_id) or {"node_id": left.node_id, "rank": None, "score": None}
-        if left.reason.startswith("duplicate of "):
-            of = left.reason[len("duplicate of "):]
-            dropped.append(_dropped(n, DropReason.DUPLICATE, left.reason, duplicate_of=of))
-        else:
-            dropped.append(_dropped(n, DropReason.OVER_BUDGET, f"budget {report.max_tokens} tokens"))
-    return _record(Stage.ASSEMBLY, "context", type(assembler).__name__, _query_text(query), latency_ms, inputs=inputs,
-                   outputs=outputs, dropped=dropped, context_tokens=report.used_tokens, max_tokens=report.max_tokens,
-                   attributes={"order": getattr(assembler.order, "value", str(assembler.order)), "spans": report.spans,
-                               "truncated": list(report.truncated)})
+    sources = tuple([tuple((r.node.metadata or {}).get("source_node_ids") or ()) for r in out])
+    left_out = tuple(_chain([(left.node_id, left.reason) for left in report.left_out]))  # flat: id, reason, id, reason, ...
+    return _lazy_record(Stage.ASSEMBLY, "context", type(assembler).__name__, _query_text(query), latency_ms, _assembly_fields,
+                        (snapshot(nodes), snapshot(out), sources, left_out, report.max_tokens),
+                        context_tokens=report.used_tokens, max_tokens=report.max_tokens,
+                        attributes={"order": getattr(assembler.order, "value", str(assembler.order)), "spans": report.spans,
+                                    "truncated": list(report.truncated)})
 
 
 def trace_assembly(assembler: Any, query: Any, nodes: Sequence[NodeWithScore], out: Sequence[NodeWithScore], report: Any,
                    started: float) -> None:
     """Emit the context assembler's record."""
-    emit(assembly_record(assembler, query, nodes, out, report, elapsed_ms(started)))
+    emit(assembly_record(assembler, query, nodes, out, report, elapsed_ms(started)), n_dropped=len(report.left_out))
 
 
 # ------------------------------------------------------------------------------ responses
@@ -665,10 +876,45 @@ class _Open:
         self.started = time.perf_counter()
 
 
-def _new_trace(query_str: Optional[str], span_id: Optional[str]) -> QueryTrace:
+def _new_trace(query_str: Optional[str], span_id: Optional[str], started_at: Optional[datetime] = None) -> QueryTrace:
     """An empty :class:`QueryTrace`, unvalidated."""
-    return _construct(QueryTrace, {"trace_id": uuid.uuid4().hex, "query_str": query_str, "started_at": datetime.now(),
+    return _construct(QueryTrace, {"trace_id": _IDS.hex(), "query_str": query_str, "started_at": started_at or datetime.now(),
                                    "latency_ms": None, "stages": [], "span_id": span_id})
+
+
+def _one_stage_trace(record: StageTrace, started_at: datetime) -> QueryTrace:
+    """The trace of a stage that ran outside any query."""
+    values = record.__dict__
+    trace = _new_trace(values["query_str"], values["span_id"], started_at)
+    trace.__dict__.update(stages=[record], latency_ms=values["latency_ms"])
+    return trace
+
+
+class _Route(int, Enum):
+    """What a :class:`TraceCollector` does with an event of a given class."""
+
+    IGNORE = 0
+    STAGE = 1
+    QUERY_START = 2
+    QUERY_END = 3
+    RETRIEVAL_START = 4
+    RETRIEVAL_END = 5
+
+
+_ROUTES: Dict[type, _Route] = {}  # event class -> route (a collector sees every event: one dict lookup each)
+
+
+def _route(cls: type) -> _Route:
+    """The :class:`_Route` of events of ``cls`` (cached per class)."""
+    for base, route in ((StageTraceEvent, _Route.STAGE), (NodesDroppedEvent, _Route.IGNORE),
+                        (QueryStartEvent, _Route.QUERY_START), (QueryEndEvent, _Route.QUERY_END),
+                        (RetrievalStartEvent, _Route.RETRIEVAL_START), (RetrievalEndEvent, _Route.RETRIEVAL_END)):
+        if issubclass(cls, base):
+            break
+    else:
+        route = _Route.IGNORE
+    _ROUTES[cls] = route
+    return route
 
 
 class TraceCollector(BaseEventHandler):
@@ -681,12 +927,15 @@ class TraceCollector(BaseEventHandler):
     ``with collector:``.
     """
 
+    model_config = ConfigDict(extra="forbid")  # a misspelt option is an error, not ignored
+
     attach: bool = Field(default=True, description="Attach each query's trace to its response (metadata['trace']).")
     keep: bool = Field(default=True, description="Keep finished traces in `traces`.")
     max_traces: int = Field(default=1000, ge=1, description="Most finished traces kept (oldest dropped first).")
 
     _current: Any = PrivateAttr(default=None)
-    _traces: List[QueryTrace] = PrivateAttr(default_factory=list)
+    # finished traces; a one-stage trace nobody read yet is kept as ``(record, started_at)`` (see _add)
+    _traces: List[Any] = PrivateAttr(default_factory=list)
     _lock: Any = PrivateAttr(default_factory=threading.Lock)
 
     def model_post_init(self, __context: Any) -> None:
@@ -701,13 +950,22 @@ class TraceCollector(BaseEventHandler):
     def traces(self) -> List[QueryTrace]:
         """Finished traces, oldest first (a copy)."""
         with self._lock:
-            return list(self._traces)
+            traces = self._traces
+            for i, entry in enumerate(traces):
+                if type(entry) is tuple:
+                    traces[i] = _one_stage_trace(*entry)
+            return list(traces)
 
     @property
     def last(self) -> Optional[QueryTrace]:
         """The most recent finished trace."""
         with self._lock:
-            return self._traces[-1] if self._traces else None
+            traces = self._traces
+            if not traces:
+                return None
+            if type(traces[-1]) is tuple:
+                traces[-1] = _one_stage_trace(*traces[-1])
+            return traces[-1]
 
     def clear(self) -> None:
         """Forget the finished traces."""
@@ -735,18 +993,21 @@ class TraceCollector(BaseEventHandler):
 
     # -- events
     def handle(self, event: BaseEvent, **kwargs: Any) -> Any:
-        cls = type(event)
-        if cls is StageTraceEvent or isinstance(event, StageTraceEvent):
-            self._add(event.__dict__["trace"])
-        elif cls is NodesDroppedEvent:
+        route = _ROUTES.get(type(event))
+        if route is None:
+            route = _route(type(event))
+        if route is _Route.IGNORE:
             return None
-        elif isinstance(event, QueryStartEvent):
+        if route is _Route.STAGE:
+            self._add(event.__dict__["trace"])
+        elif route is _Route.QUERY_START:
             self._begin(_query_text(event.query), event.span_id, owner=None)
-        elif isinstance(event, QueryEndEvent):
+        elif route is _Route.QUERY_END:
             self._end(event.span_id, event.response, query_end=True)
-        elif isinstance(event, RetrievalStartEvent) and self.__pydantic_private__["_current"].get() is None:
-            self._begin(_query_text(event.str_or_query_bundle), event.span_id, owner=event.span_id)
-        elif isinstance(event, RetrievalEndEvent):
+        elif route is _Route.RETRIEVAL_START:
+            if self.__pydantic_private__["_current"].get() is None:
+                self._begin(_query_text(event.str_or_query_bundle), event.span_id, owner=event.span_id)
+        else:
             self._end(event.span_id, None, query_end=False)
 
     def _begin(self, query_str: Optional[str], span_id: Optional[str], owner: Optional[str]) -> None:
@@ -755,13 +1016,20 @@ class TraceCollector(BaseEventHandler):
 
     def _add(self, record: StageTrace) -> None:
         open_ = self.__pydantic_private__["_current"].get()
-        if open_ is None:  # a stage run outside a query: a trace of its own
-            values = record.__dict__
-            trace = _new_trace(values["query_str"], values["span_id"])
-            trace.__dict__.update(stages=[record], latency_ms=values["latency_ms"])
-            self._finish(trace)
-        else:
+        if open_ is not None:
             open_.trace.stages.append(record)
+        elif type(self).on_trace is not TraceCollector.on_trace:  # a stage run outside a query: a trace of its own
+            self._finish(_one_stage_trace(record, datetime.now()))
+        elif self.keep:  # no export hook reads it now: the trace is made when `traces` / `last` are read
+            self._keep((record, datetime.now()))
+
+    def _keep(self, entry: Any) -> None:
+        private = self.__pydantic_private__
+        traces = private["_traces"]
+        with private["_lock"]:
+            traces.append(entry)
+            if len(traces) > self.max_traces:
+                del traces[: len(traces) - self.max_traces]
 
     def _end(self, span_id: Optional[str], response: Any, query_end: bool) -> None:
         current = self.__pydantic_private__["_current"]
@@ -769,19 +1037,14 @@ class TraceCollector(BaseEventHandler):
         if open_ is None or (open_.owner is None) != query_end or (not query_end and open_.owner != span_id):
             return
         current.set(open_.previous)
-        open_.trace.latency_ms = elapsed_ms(open_.started)
+        open_.trace.__dict__["latency_ms"] = elapsed_ms(open_.started)  # built unvalidated: no pydantic __setattr__
         if self.attach and response is not None and hasattr(response, "metadata"):
             attach_trace(response, open_.trace)
         self._finish(open_.trace)
 
     def _finish(self, trace: QueryTrace) -> None:
         if self.keep:
-            private = self.__pydantic_private__
-            traces = private["_traces"]
-            with private["_lock"]:
-                traces.append(trace)
-                if len(traces) > self.max_traces:
-                    del traces[: len(traces) - self.max_traces]
+            self._keep(trace)
         try:
             self.on_trace(trace)
         except Exception:  # the dispatcher would swallow it silently
@@ -791,24 +1054,166 @@ class TraceCollector(BaseEventHandler):
         """Called with each finished trace (override to export it)."""
 
 
+class _JsonlSink:
+    """Finished traces waiting for one JSON-lines file, and the background thread that writes them.
+
+    ``add`` only appends (the query path); the thread wakes when a trace is pending, waits up to
+    ``interval_s`` (less once ``max_pending`` traces wait) and writes the batch in one append.
+    :meth:`flush` writes synchronously. Lines keep the order the traces finished in. A trace that
+    cannot be serialised is logged and skipped; when the file cannot be written the lines stay
+    (the next flush writes them first) and an explicit flush raises.
+    """
+
+    def __init__(self, path: str, max_pending: int, interval_s: float) -> None:
+        self.path, self.max_pending, self.interval_s = path, max_pending, interval_s
+        self._reset()
+        _SINKS.add(self)
+
+    def _reset(self) -> None:
+        """Nothing pending, no thread, fresh locks (also in a forked child: the parent writes its own lines)."""
+        self.pending: List[QueryTrace] = []
+        self.unwritten: List[str] = []  # lines serialised but not written (the file could not be written)
+        self.pending_lock = threading.Lock()
+        self.write_lock = threading.Lock()
+        self.wake = threading.Event()  # something is pending (or closing)
+        self.due = threading.Event()  # write now: max_pending reached (or closing)
+        self.thread: Optional[threading.Thread] = None
+        self.stopping = False
+
+    def add(self, trace: QueryTrace) -> None:
+        with self.pending_lock:
+            self.pending.append(trace)
+            n = len(self.pending)
+            if self.thread is None or not self.thread.is_alive():
+                self.stopping = False
+                self.thread = threading.Thread(target=self._run, name="rkit-jsonl-trace-writer", daemon=True)
+                self.thread.start()
+        if n == 1:
+            self.wake.set()
+        if n >= self.max_pending:
+            self.due.set()
+
+    def _run(self) -> None:
+        while True:
+            self.wake.wait()
+            self.wake.clear()
+            if not self.stopping:
+                self.due.wait(self.interval_s)
+            self.due.clear()
+            self.flush_or_log()  # on failure the lines stay: flush() / close() / exit try again
+            if self.stopping:
+                return
+
+    def flush(self) -> int:
+        """Write every pending trace now; how many lines were written."""
+        with self.write_lock:
+            with self.pending_lock:
+                batch, self.pending = self.pending, []
+            lines, self.unwritten = self.unwritten, []
+            for i, trace in enumerate(batch):
+                batch[i] = None  # serialised: freed now (unless kept), not with the whole batch
+                try:
+                    lines.append(trace.to_json() + "\n")
+                except Exception:  # never writable: keeping it would block every later line
+                    logger.exception("trace of query %r cannot be serialised; not written to %s", trace.query_str, self.path)
+            if not lines:
+                return 0
+            try:
+                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+                with open(self.path, "a", encoding="utf-8") as fh:
+                    fh.write("".join(lines))
+            except BaseException:
+                self.unwritten = lines  # the next flush writes them first
+                raise
+            return len(lines)
+
+    def flush_or_log(self) -> None:
+        """:meth:`flush`, logging a failure (the lines stay for the next flush) instead of raising it."""
+        try:
+            self.flush()
+        except Exception:
+            logger.exception("could not write traces to %s; they stay pending (flush() retries)", self.path)
+
+    def close(self, raise_errors: bool = True) -> None:
+        """Stop the thread and write what is pending (also at interpreter exit and when the writer is collected)."""
+        self.stopping = True
+        self.wake.set()
+        self.due.set()
+        thread = self.thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+        if raise_errors:
+            self.flush()
+        else:
+            self.flush_or_log()
+
+
+_SINKS: "weakref.WeakSet[_JsonlSink]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    _IDS.reseed()
+    for sink in list(_SINKS):
+        sink._reset()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class JsonlTraceWriter(TraceCollector):
-    """A :class:`TraceCollector` that appends each finished trace to ``path`` as one JSON line."""
+    """A :class:`TraceCollector` that appends each finished trace to ``path`` as one JSON line.
 
-    path: str = Field(description="JSON-lines file the traces are appended to.")
+    Lines are written in batches by a background thread (at most ``flush_interval_s`` after the
+    trace finished, sooner once ``max_pending`` traces wait), so the query path only queues the
+    trace. :meth:`flush` writes what is pending now; :meth:`uninstall` (the end of ``with writer:``)
+    and :meth:`close` flush, and so does interpreter exit. Only a process killed outright (SIGKILL,
+    ``os._exit``) can lose the last ``flush_interval_s`` of lines.
+    """
+
+    path: str = Field(description="JSON-lines file the traces are appended to (folders are created).")
     keep: bool = Field(default=False, description="Also keep finished traces in `traces`.")
+    flush_interval_s: float = Field(default=1.0, gt=0, description="Most seconds a finished trace waits before the background write.")
+    max_pending: int = Field(default=256, ge=1, description="Traces waiting that trigger the background write at once.")
 
-    _write_lock: Any = PrivateAttr(default_factory=threading.Lock)
+    _sink: Any = PrivateAttr(default=None)
+
+    def model_post_init(self, __context: Any) -> None:
+        super().model_post_init(__context)
+        self._sink = sink = _JsonlSink(self.path, self.max_pending, self.flush_interval_s)
+        weakref.finalize(self, sink.close, False)  # at exit too (finalize's atexit); failures logged
 
     @classmethod
     def class_name(cls) -> str:
         return "JsonlTraceWriter"
 
     def on_trace(self, trace: QueryTrace) -> None:
-        line = trace.to_json() + "\n"
-        with self._write_lock:
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-            with open(self.path, "a", encoding="utf-8") as fh:
-                fh.write(line)
+        sink = self.__pydantic_private__["_sink"]
+        if sink.path != self.path:  # the path was changed: what was queued goes to the old file
+            sink.flush()
+            sink.path = self.path
+        sink.add(trace)
+
+    def flush(self) -> int:
+        """Write every pending trace now (returns how many); raises when the file cannot be written."""
+        return self._sink.flush()
+
+    @property
+    def pending(self) -> int:
+        """Finished traces not written yet."""
+        sink = self._sink
+        return len(sink.pending) + len(sink.unwritten)
+
+    def uninstall(self) -> None:
+        """Stop listening and write what is pending (a failure is logged and the traces stay pending)."""
+        super().uninstall()
+        self._sink.flush_or_log()
+
+    def close(self) -> None:
+        """Stop listening, write what is pending (raises when the file cannot be written) and stop the
+        background thread (a later trace starts it again)."""
+        super().uninstall()
+        self._sink.close()
 
 
 @contextlib.contextmanager

@@ -5,18 +5,25 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
+import uuid
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Iterator, List
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from llama_index.core.bridge.pydantic import ValidationError
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.instrumentation.events.base import BaseEvent
 from llama_index.core.instrumentation.events.retrieval import RetrievalEndEvent, RetrievalStartEvent
 from llama_index.core.llms import MockLLM
 from llama_index.core.query_engine import RetrieverQueryEngine
-from llama_index.core.schema import NodeWithScore, TextNode
+from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 
 from llama_index_retrieval_kit import NoAnswerPostprocessor
 from llama_index_retrieval_kit import tracing
@@ -32,6 +39,7 @@ from llama_index_retrieval_kit.tracing import (
     QueryTrace,
     Stage,
     StageTraceEvent,
+    TraceCollector,
     collect_traces,
     format_trace,
     read_traces,
@@ -41,7 +49,12 @@ from llama_index_retrieval_kit.tracing import (
 from .indices import _support
 
 ANSWERABLE = ["How much is the late payment fee?", "What is the purchase APR?"]
-STAGES = ["bm25", "dense", "fusion", "no_answer", "context"]
+AFTER_LEGS = ["fusion", "no_answer", "context"]
+
+
+def _stages(sample_index: HybridIndex) -> List[str]:
+    """The stage names of one engine query: the hybrid retriever's legs (its fusion mode decides), then the rest."""
+    return [*sample_index.as_retriever("hybrid", similarity_top_k=8).names, *AFTER_LEGS]
 
 
 class Recorder(BaseEventHandler):
@@ -109,11 +122,13 @@ def _ids(nodes: List[Any]) -> List[str]:
 
 
 # ----------------------------------------------------------------------------- events
-def test_an_ordinary_event_handler_sees_every_stage(engine: RetrieverQueryEngine, recorder: Recorder) -> None:
+def test_an_ordinary_event_handler_sees_every_stage(
+    engine: RetrieverQueryEngine, recorder: Recorder, sample_index: HybridIndex
+) -> None:
     assert tracing_enabled()
     response = engine.query(ANSWERABLE[0])
     stage_events = [e for e in recorder.events if isinstance(e, StageTraceEvent)]
-    assert [e.trace.name for e in stage_events] == STAGES
+    assert [e.trace.name for e in stage_events] == _stages(sample_index)
     assert all(e.span_id for e in stage_events)  # emitted inside the stages' instrumentation spans
     # LlamaIndex's own retrieval events still come, around the retrieval stages
     kinds = [type(e) for e in recorder.events]
@@ -130,7 +145,9 @@ def test_an_ordinary_event_handler_sees_every_stage(engine: RetrieverQueryEngine
 
 # ----------------------------------------------------------------------------- completeness
 def _check_complete(trace: QueryTrace) -> None:
-    assert [s.name for s in trace.stages] == STAGES
+    *leg_records, fusion, gate, context = trace.stages
+    assert [s.name for s in trace.stages[-3:]] == AFTER_LEGS and len(leg_records) >= 2
+    assert all(s.stage is Stage.RETRIEVAL_LEG for s in leg_records)
     for record in trace.stages:
         assert record.unaccounted_ids() == [], (record.name, record.unaccounted_ids())
         assert record.latency_ms >= 0
@@ -139,10 +156,9 @@ def _check_complete(trace: QueryTrace) -> None:
             assert isinstance(d["reason"], DropReason) and d["detail"]
             if record.stage is not Stage.ASSEMBLY:
                 assert d["node_id"] not in outputs
-    bm25, dense, fusion, gate, context = trace.stages
     # every candidate of fusion is a leg candidate, with that leg's rank and score
-    legs = {"bm25": {n["node_id"]: n for n in bm25.outputs}, "dense": {n["node_id"]: n for n in dense.outputs}}
-    assert set(_ids(fusion.inputs)) == set(legs["bm25"]) | set(legs["dense"])
+    legs = {leg.name: {n["node_id"]: n for n in leg.outputs} for leg in leg_records}
+    assert set(_ids(fusion.inputs)) == set().union(*legs.values())
     for n in fusion.inputs:
         for leg, rank in n["leg_ranks"].items():
             assert legs[leg][n["node_id"]]["rank"] == rank and legs[leg][n["node_id"]]["score"] == n["leg_scores"][leg]
@@ -182,7 +198,7 @@ def test_every_candidate_is_kept_or_dropped_with_a_reason(
     assert gate_record.outputs == [] and len(gate_record.dropped) == len(gate_record.inputs) > 0
     assert all(d["reason"] is DropReason.BELOW_THRESHOLD for d in gate_record.dropped)
     assert gate_record.confidence < gate_record.threshold == gate.threshold
-    assert closed.metadata["no_answer"] is True and closed.metadata["trace"]["stages"][3]["name"] == "no_answer"
+    assert closed.metadata["no_answer"] is True and closed.metadata["trace"]["stages"][-2]["name"] == "no_answer"
     assert traces[2].stage("context").outputs == [] and traces[2].context_tokens == 0
 
 
@@ -254,7 +270,7 @@ def test_json_lines_round_trip(engine: RetrieverQueryEngine, closed_question: st
         _check_complete(trace)
         assert QueryTrace.from_json(trace.to_json()) == trace
     text = format_trace(read[0])
-    for name in STAGES:
+    for name in [s.name for s in read[0].stages]:  # the legs, then AFTER_LEGS (_check_complete)
         assert f"== {name} (" in text
     assert "tokens" in text and "not in top-k" in text
     assert format_trace(lines[0]) == text == format_trace(json.loads(lines[0]))
@@ -269,7 +285,7 @@ def test_nothing_is_built_or_emitted_without_a_listener(
     def fail(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("a trace record was built with no handler listening")
 
-    for name in ("traced_node", "traced_nodes", "emit", "trace_index_fusion", "trace_gate", "trace_assembly"):
+    for name in ("traced_node", "traced_nodes", "snapshot", "from_snapshot", "emit", "trace_index_fusion", "trace_gate", "trace_assembly"):
         monkeypatch.setattr(tracing, name, fail)
     import llama_index_retrieval_kit.indices.fused_retriever as fr
     import llama_index_retrieval_kit.postprocessor.context as ctx
@@ -286,3 +302,177 @@ def test_nothing_is_built_or_emitted_without_a_listener(
         pass
     engine.query(ANSWERABLE[1])
     assert collector.traces == [] and not tracing_enabled()
+
+
+# ----------------------------------------------------------------------------- cost: what is built, when
+class DropAwareCollector(TraceCollector):
+    """A collector that also reads the NodesDroppedEvents (its ``handle`` is its own)."""
+
+    drops: List[Any] = []
+
+    def handle(self, event: BaseEvent, **kwargs: Any) -> Any:
+        if isinstance(event, NodesDroppedEvent):
+            self.drops.append(event)
+        return super().handle(event, **kwargs)
+
+
+def test_drop_events_are_built_for_handlers_that_may_read_them_only(
+    engine: RetrieverQueryEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    aware = DropAwareCollector(drops=[])
+    with aware:
+        engine.query(ANSWERABLE[0])
+    (trace,) = aware.traces
+    assert {e.name for e in aware.drops} >= {"fusion"}
+    for event in aware.drops:
+        assert event.dropped == trace.stage(event.name).dropped and event.dropped
+
+    class Unbuildable(NodesDroppedEvent):
+        def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+            raise AssertionError("a NodesDroppedEvent was built for a plain collector")
+
+    class UnbuildableStageEvent(StageTraceEvent):
+        def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+            raise AssertionError("a StageTraceEvent was built with only plain collectors listening")
+
+    monkeypatch.setattr(tracing, "NodesDroppedEvent", Unbuildable)
+    monkeypatch.setattr(tracing, "StageTraceEvent", UnbuildableStageEvent)
+    with collect_traces() as collector:  # takes the stage records directly, reads the drops from them
+        engine.query(ANSWERABLE[0])
+    direct = collector.last
+    _check_complete(direct)
+    assert [s.name for s in direct.stages] == [s.name for s in trace.stages]
+    for got, want in zip(direct.stages, trace.stages):  # the same records as through the dispatcher
+        assert (got.inputs, got.outputs, got.dropped, got.attributes) == (want.inputs, want.outputs, want.dropped, want.attributes)
+
+
+def test_records_keep_what_the_stage_saw(sample_index: HybridIndex, gate: NoAnswerPostprocessor, assembler: ContextAssembler) -> None:
+    query = QueryBundle(ANSWERABLE[1])
+    nodes = sample_index.as_retriever("hybrid", similarity_top_k=8).retrieve(query)
+    with collect_traces() as collector:
+        kept = gate.postprocess_nodes(nodes, query_bundle=query)
+        out = assembler.postprocess_nodes(kept, query_bundle=query)
+    seen = [(r.node.node_id, r.score) for r in nodes]
+    sources = [list(r.node.metadata["source_node_ids"]) for r in out]
+    # what later code may do to the results: rescore in place (as SentenceTransformerRerank does), reorder, edit metadata
+    for r in nodes:
+        r.score = -1.0
+    nodes.reverse()
+    for r in out:
+        r.node.metadata["source_node_ids"].append("changed")
+    gate_trace, context_trace = collector.traces  # stages run outside a query: one trace each
+    assert collector.last is context_trace and collector.traces[0] is gate_trace  # made once, when first read
+    record = gate_trace.stage("no_answer")
+    assert [(n["node_id"], n["score"]) for n in record.inputs] == seen
+    assert [(n["node_id"], n["score"]) for n in record.outputs] == seen
+    assert [n["source_ids"] for n in context_trace.stage("context").outputs] == sources
+
+
+_legs = st.dictionaries(st.sampled_from(["bm25", "dense"]), st.integers(1, 50), min_size=1)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(st.one_of(st.none(), st.floats(-5, 5)), st.one_of(st.none(), _legs), st.one_of(st.none(), st.integers(1, 9)))))
+def test_a_snapshot_reads_as_the_results_did(entries: List[Any]) -> None:
+    results = []
+    for i, (score, legs, pre) in enumerate(entries):
+        result = NodeWithScore(node=TextNode(id_=f"n{i}", text="t"), score=score)
+        if legs:
+            result.__dict__["leg_ranks"] = legs
+            result.__dict__["leg_scores"] = {leg: rank / 10 for leg, rank in legs.items()}
+        if pre is not None:
+            result.__dict__["pre_rerank_rank"] = pre
+        results.append(result)
+    assert tracing.from_snapshot(tracing.snapshot(results)) == tracing.traced_nodes(results)
+
+
+def test_trace_and_event_ids_are_unique_uuid4s(engine: RetrieverQueryEngine, recorder: Recorder) -> None:
+    with collect_traces() as collector:
+        for q in ANSWERABLE:
+            engine.query(q)
+    trace_ids = [t.trace_id for t in collector.traces] + [QueryTrace().trace_id for _ in range(3)]
+    assert len(set(trace_ids)) == len(trace_ids)
+    assert all(uuid.UUID(hex=i).hex == i and uuid.UUID(hex=i).version == 4 for i in trace_ids)
+    event_ids = [e.id_ for e in recorder.events if isinstance(e, (StageTraceEvent, NodesDroppedEvent))]
+    assert event_ids and len(set(event_ids)) == len(event_ids)
+    assert all(uuid.UUID(e.id_).version == 4 for e in recorder.events if isinstance(e, StageTraceEvent))
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # a forked worker draws ids of its own
+        os.write(write, QueryTrace().trace_id.encode())
+        os._exit(0)
+    os.waitpid(child, 0)
+    assert os.read(read, 64).decode()[:20] != QueryTrace().trace_id[:20]
+
+
+def test_unknown_or_bad_options_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match="max_trace"):
+        TraceCollector(max_trace=10)
+    with pytest.raises(ValidationError, match="flush_interval_s"):
+        JsonlTraceWriter(path=str(tmp_path / "t.jsonl"), flush_interval_s=0)
+    with pytest.raises(ValidationError, match="max_pending"):
+        JsonlTraceWriter(path=str(tmp_path / "t.jsonl"), max_pending=0)
+
+
+# ----------------------------------------------------------------------------- JSON lines: buffered, never lost
+def _stage_only_traces(writer: JsonlTraceWriter, names: List[str], **attributes: Any) -> None:
+    """One single-stage trace per name (a record emitted outside any query), with ``writer`` listening."""
+    nodes = [NodeWithScore(node=TextNode(id_=f"n{i}", text=f"t{i}"), score=1.0 - i / 10) for i in range(3)]
+    with writer:
+        for name in names:
+            record = tracing.rerank_record(SimpleNamespace(last_stats=None, top_n=2, latency_budget_ms=None, model=name),
+                                           name, nodes, nodes[:2], 1.0)
+            record.attributes.update(attributes)
+            tracing.emit(record)
+
+
+def test_json_lines_wait_for_a_flush_and_keep_their_order(engine: RetrieverQueryEngine, tmp_path: Path) -> None:
+    path = tmp_path / "deep" / "queries.jsonl"
+    writer = JsonlTraceWriter(path=str(path), flush_interval_s=3600, keep=True)
+    writer.install()
+    try:
+        for q in ANSWERABLE + ANSWERABLE[:1]:
+            engine.query(q)
+        assert writer.pending == 3 and not path.exists()  # queued, not written on the query path
+        assert writer.flush() == 3 and writer.pending == 0 and writer.flush() == 0
+        engine.query(ANSWERABLE[1])
+    finally:
+        writer.uninstall()  # writes the rest
+    assert [t.query_str for t in read_traces(path)] == ANSWERABLE + ANSWERABLE[:1] + ANSWERABLE[1:]
+    assert [t.to_dict() for t in read_traces(path)] == [t.to_dict() for t in writer.traces]
+    writer.close()
+    assert path.read_text(encoding="utf-8").count("\n") == 4
+
+
+def test_json_lines_are_written_at_exit(tmp_path: Path) -> None:
+    path = tmp_path / "exit.jsonl"
+    script = (
+        "import sys\n"
+        "from types import SimpleNamespace\n"
+        "from llama_index.core.schema import NodeWithScore, TextNode\n"
+        "from llama_index_retrieval_kit import tracing\n"
+        f"writer = tracing.JsonlTraceWriter(path={str(path)!r}, flush_interval_s=3600).install()\n"
+        "nodes = [NodeWithScore(node=TextNode(id_='a', text='a'), score=1.0)]\n"
+        "for q in ('q1', 'q2', 'q3'):\n"
+        "    ranker = SimpleNamespace(last_stats=None, top_n=1, latency_budget_ms=None, model='m')\n"
+        "    tracing.emit(tracing.rerank_record(ranker, q, nodes, nodes, 1.0))\n"
+        "assert writer.pending == 3\n"  # no flush, no uninstall: the interpreter's exit writes them
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, cwd=Path(__file__).resolve().parents[1], timeout=120)
+    assert [t.query_str for t in read_traces(path)] == ["q1", "q2", "q3"]
+
+
+def test_a_failed_write_keeps_the_lines_and_a_bad_trace_is_skipped(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "blocked.jsonl"
+    path.mkdir()  # a folder where the file should be: writing fails
+    writer = JsonlTraceWriter(path=str(path), flush_interval_s=3600)
+    _stage_only_traces(writer, ["a"])  # the end of the with block cannot write: logged, the line kept
+    assert writer.pending == 1 and "could not write traces" in caplog.text
+    with pytest.raises(IsADirectoryError):
+        writer.flush()  # an explicit flush says why
+    assert writer.pending == 1
+    path.rmdir()
+    _stage_only_traces(writer, ["b"], unserialisable=object())  # never writable: logged and skipped
+    _stage_only_traces(writer, ["c"])
+    assert [t.query_str for t in read_traces(path)] == ["a", "c"]
+    assert "cannot be serialised" in caplog.text

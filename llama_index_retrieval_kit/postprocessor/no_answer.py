@@ -620,7 +620,7 @@ class NoAnswerPostprocessor(BaseNodePostprocessor):
             return self._gate(nodes, query_bundle)
         started = time.perf_counter()
         kept = self._gate(nodes, query_bundle)
-        trace_gate(self, nodes, kept, query_bundle, started)
+        trace_gate(self, nodes, kept, query_bundle, started, confidence=self._last_confidence)
         return kept
 
     def _gate(self, nodes: List[NodeWithScore], query_bundle: Optional[QueryBundle] = None) -> List[NodeWithScore]:
