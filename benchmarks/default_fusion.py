@@ -6,8 +6,9 @@
 
 The defaults are ``HybridIndex.from_documents(docs, storage_dir=...)`` (SectionWindowNodeParser
 200/40, BM25 k1 1.2 / b 0.75 with English stopwords and stemmer, the packaged MiniLM) and
-``as_retriever("hybrid")``: min-max score fusion of the BM25 and dense legs, 100 candidates each,
-weights 0.5/0.5. ``scores`` computes, for every query of every split of SciFact and NFCorpus, the
+``as_retriever("hybrid")``, which before this sweep was min-max score fusion of the BM25 and dense
+legs, 100 candidates each, weights 0.5/0.5 (now ``"hybrid_score"``; ``"hybrid"`` runs round 2's
+selection, ``IndexFusion.FEEDBACK``). ``scores`` computes, for every query of every split of SciFact and NFCorpus, the
 exact BM25 score of every chunk (bm25s, as the package's ``BM25Retriever``) and keeps the query
 vectors; dense scores are cosines over the cached chunk vectors. ``sweep`` fuses those in numpy
 under two families of rules and selects one rule for both datasets by
@@ -24,6 +25,16 @@ under two families of rules and selects one rule for both datasets by
   first pass's top ``m`` chunks (Rocchio pseudo-relevance feedback in embedding space), adds its
   own top ``depth`` (``new``) or only rescores the candidates; final score
   ``(1 - wf) * (wb * n(bm25) + (1 - wb) * n(dense)) + wf * n(feedback)``.
+
+Round 2 (``sweep --families rocchio rrf3 depth --include results/default_fusion_sweep.json --out
+results/default_fusion_sweep2.json``; families declared before the sweep, same objective, one rule
+selected over round 1's rows and these, test reported once):
+
+* ``rocchio``: round 1's z-scored rule with new feedback candidates, the feedback centroid keeping
+  the query, ``unit(alpha * q + mean(top m))``: alpha 0 / 0.5 / 1, m 1 / 2 / 3, wf 0.3 / 0.4 / 0.5;
+* ``rrf3``: three-leg weighted RRF (BM25, dense and feedback top 100 each; the feedback centroid
+  from the two-leg RRF's top m): k 10 / 60, m 1 / 3, feedback weight 1/3, 0.4, 0.5;
+* ``depth``: round 1's selected rule at a depth of 200 and 300.
 
 Evaluation as ``benchmarks/edge_modes.py``: the fused list is cut at 100 chunks
 (``similarity_top_k=100``), a document takes its best chunk's score, nDCG@10 and R@100 at document
@@ -176,9 +187,51 @@ def fuse_feedback(sp: Split, qi: int, rule: Dict[str, Any]) -> Tuple[np.ndarray,
     return cand[order], fused[order]
 
 
+def fuse_rocchio(sp: Split, qi: int, rule: Dict[str, Any]) -> Tuple[np.ndarray, np.ndarray]:
+    """``feedback`` (z-score or min-max, new candidates) with a Rocchio centroid that keeps the query:
+    ``c = unit(alpha * q + mean(top m chunk vectors of the first pass))``."""
+    depth, how, wb, wf, alpha = rule["depth"], rule["method"], rule["wb"], rule["wf"], rule["alpha"]
+    bm25, dense = sp.bm25[qi], sp.dense[qi]
+    cand = np.union1d(sp.top("bm25", depth)[qi], sp.top("dense", depth)[qi])
+    first = wb * normalise(bm25[cand], how) + (1 - wb) * normalise(dense[cand], how)
+    centroid = sp.vectors[cand[np.argsort(-first, kind="stable")[: rule["m"]]]].mean(axis=0) + alpha * sp.queries[qi]
+    centroid /= np.linalg.norm(centroid)
+    feedback_row = sp.vectors @ centroid
+    cand = np.union1d(cand, top_positions(feedback_row, depth))
+    fused = (1 - wf) * (wb * normalise(bm25[cand], how) + (1 - wb) * normalise(dense[cand], how)) + wf * normalise(feedback_row[cand], how)
+    order = np.argsort(-fused, kind="stable")[:OUT_CHUNKS]
+    return cand[order], fused[order]
+
+
+def rrf_scores(cand: np.ndarray, tops: Sequence[np.ndarray], weights: Sequence[float], k: float) -> np.ndarray:
+    """Weighted RRF of ranked position lists over ``cand``: sum w / (k + rank), rank from 1; absent adds 0."""
+    fused = np.zeros(cand.size)
+    for top, w in zip(tops, weights):
+        at = np.searchsorted(cand, top)
+        fused[at] += w / (k + np.arange(1, top.size + 1))
+    return fused
+
+
+def fuse_rrf3(sp: Split, qi: int, rule: Dict[str, Any]) -> Tuple[np.ndarray, np.ndarray]:
+    """Three-leg weighted RRF: BM25 and dense top ``depth``, and the feedback leg's top ``depth``
+    (cosine to the mean of the two-leg RRF's top ``m`` chunks); weights ((1-wf)/2, (1-wf)/2, wf)."""
+    depth, k, wf = rule["depth"], rule["k"], rule["wf"]
+    tops = [sp.top("bm25", depth)[qi], sp.top("dense", depth)[qi]]
+    cand = np.union1d(*tops)
+    first = rrf_scores(cand, tops, (0.5, 0.5), k)
+    centroid = sp.vectors[cand[np.argsort(-first, kind="stable")[: rule["m"]]]].mean(axis=0)
+    tops.append(top_positions(sp.vectors @ centroid, depth))
+    cand = np.union1d(cand, tops[2])
+    fused = rrf_scores(cand, tops, ((1 - wf) / 2, (1 - wf) / 2, wf), k)
+    order = np.argsort(-fused, kind="stable")[:OUT_CHUNKS]
+    return cand[order], fused[order]
+
+
 FUSE: Dict[str, Callable[[Split, int, Dict[str, Any]], Tuple[np.ndarray, np.ndarray]]] = {
     "today": fuse_today,
     "feedback": fuse_feedback,
+    "rocchio": fuse_rocchio,
+    "rrf3": fuse_rrf3,
 }
 
 
@@ -195,6 +248,38 @@ def family_feedback() -> List[Dict[str, Any]]:
         {"family": "feedback", "method": how, "depth": 100, "new": new, "m": m, "wf": wf, "wb": wb}
         for how, new, m, wf, wb in itertools.product(("minmax", "zscore"), (False, True), (1, 2, 3), (0.2, 0.3, 0.4, 0.5), (0.4, 0.5))
     ]
+
+
+def family_rocchio() -> List[Dict[str, Any]]:
+    return [
+        {"family": "rocchio", "method": "zscore", "depth": 100, "alpha": alpha, "m": m, "wf": wf, "wb": 0.5}
+        for alpha, m, wf in itertools.product((0.0, 0.5, 1.0), (1, 2, 3), (0.3, 0.4, 0.5))
+    ]
+
+
+def family_rrf3() -> List[Dict[str, Any]]:
+    return [
+        {"family": "rrf3", "depth": 100, "k": k, "m": m, "wf": wf}
+        for k, m, wf in itertools.product((10, 60), (1, 3), (1 / 3, 0.4, 0.5))
+    ]
+
+
+def family_depth() -> List[Dict[str, Any]]:
+    return [
+        {"family": "feedback", "method": "zscore", "depth": depth, "new": True, "m": 1, "wf": 0.4, "wb": 0.5}
+        for depth in (200, 300)
+    ]
+
+
+FAMILIES: Dict[str, Callable[[], List[Dict[str, Any]]]] = {
+    "today": family_today,
+    "feedback": family_feedback,
+    "rocchio": family_rocchio,
+    "rrf3": family_rrf3,
+    "depth": family_depth,
+}
+ROUND_1 = ("today", "feedback")
+ROUND_2 = ("rocchio", "rrf3", "depth")
 
 
 # ------------------------------------------------------------------------------------------ evaluation
@@ -226,11 +311,13 @@ def fast_metrics(run: Dict[str, List[Tuple[str, float]]], qrels: Dict[str, Dict[
     return {"ndcg@10": float(np.mean(ndcg)), "recall@100": float(np.mean(recall))}
 
 
-def sweep(out: Path) -> Dict[str, Any]:
+def sweep(out: Path, families: Sequence[str] = ROUND_1, include: Optional[Path] = None) -> Dict[str, Any]:
+    """Score every rule of ``families`` on the selection splits; select the best by the objective
+    over these rows and, with ``include``, the rows of an earlier sweep (same objective)."""
     splits = {(n, s): Split(n, s) for n, s, _ in SELECT}
-    rows = []
+    rows = json.loads(include.read_text())["rows"] if include else []
     t0 = time.perf_counter()
-    for rule in family_today() + family_feedback():
+    for rule in [r for f in families for r in FAMILIES[f]()]:
         row: Dict[str, Any] = {"rule": rule, "objective": 0.0}
         for n, s, share in SELECT:
             m = fast_metrics(doc_run(splits[(n, s)], rule), splits[(n, s)].qrels)
@@ -239,6 +326,11 @@ def sweep(out: Path) -> Dict[str, Any]:
         rows.append(row)
         print(f"{row['objective']:.4f} {json.dumps(rule)} ({time.perf_counter() - t0:.0f}s)", flush=True)
     best = max(rows, key=lambda r: r["objective"])
+    if not any(r["rule"] == TODAY for r in rows):
+        rows.append({"rule": TODAY, "objective": 0.0})
+        for n, s, share in SELECT:
+            rows[-1][f"{n}/{s}"] = fast_metrics(doc_run(splits[(n, s)], TODAY), splits[(n, s)].qrels)
+            rows[-1]["objective"] += share * rows[-1][f"{n}/{s}"]["ndcg@10"]
     today = next(r for r in rows if r["rule"] == TODAY)
     best_today = max((r for r in rows if r["rule"]["family"] == "today"), key=lambda r: r["objective"])
     result = {"objective": "0.5 scifact/train + 0.25 nfcorpus/dev + 0.25 nfcorpus/train (nDCG@10)",
@@ -247,7 +339,10 @@ def sweep(out: Path) -> Dict[str, Any]:
     out.write_text(json.dumps(result, indent=1))
     print("\n| rule | objective | " + " | ".join(f"{n}/{s} nDCG@10 / R@100" for n, s, _ in SELECT) + " |")
     print("|---|---|" + "---|" * len(SELECT))
-    for label, row in (("today's default", today), ("best of today's options", best_today), ("selected", best)):
+    best_of = [(f"best of family {f}", max(r, key=lambda x: x["objective"]))
+               for f in dict.fromkeys(x["rule"]["family"] for x in rows)
+               if (r := [x for x in rows if x["rule"]["family"] == f])]
+    for label, row in (("today's default", today), ("best of today's options", best_today), *best_of, ("selected", best)):
         cells = " | ".join(f"{row[f'{n}/{s}']['ndcg@10']:.4f} / {row[f'{n}/{s}']['recall@100']:.3f}" for n, s, _ in SELECT)
         print(f"| {label}: {json.dumps(row['rule'])} | {row['objective']:.4f} | {cells} |")
     return result
@@ -271,6 +366,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("command", choices=["scores", "sweep", "report"])
     ap.add_argument("--datasets", nargs="+", default=list(DATASETS))
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--families", nargs="+", default=list(ROUND_1), choices=list(FAMILIES), help="sweep: rule families")
+    ap.add_argument("--include", type=Path, default=None, help="sweep: an earlier sweep's JSON whose rows compete too")
     ap.add_argument("--rule", default=None, help="report: a rule as JSON (default: today's and the sweep's selection)")
     ap.add_argument("--splits", nargs="+", default=None, help="report: NAME/SPLIT ... (default: the selection splits)")
     args = ap.parse_args(argv)
@@ -278,7 +375,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         for name in args.datasets:
             compute_scores(name)
     elif args.command == "sweep":
-        sweep(args.out)
+        sweep(args.out, args.families, args.include)
     else:
         if args.rule:
             rules = [("rule", json.loads(args.rule))]

@@ -26,7 +26,8 @@ import _common as C  # noqa: E402
 import no_answer  # noqa: E402
 
 SYSTEMS: Dict[str, Dict[str, Any]] = {
-    "hybrid (default)": {"mode": "hybrid"},
+    "hybrid (default: feedback fusion)": {"mode": "hybrid"},
+    "hybrid_score (default before)": {"mode": "hybrid_score"},
     "hybrid_rrf": {"mode": "hybrid_rrf"},
     "dense (memory)": {"mode": "dense", "dense_search": "memory"},
     "dense (Edge)": {"mode": "dense", "dense_search": "qdrant"},
@@ -57,7 +58,7 @@ def run_dataset(name: str, split: str, limit: int) -> List[Dict[str, Any]]:
                 run[qid] = C.docs_from_chunks((C.node_doc_id(r.node), float(r.score)) for r in results)
             metrics = C.evaluate(run, data.qrels)
             rows.append({"dataset": name, "system": system, **metrics, "p50_ms": statistics.median(times)})
-            print(f"{name:9s} {system:24s} " + " ".join(f"{k}={v:.4f}" for k, v in metrics.items()) + f" p50={statistics.median(times):.1f}ms", flush=True)
+            print(f"{name:9s} {system:33s} " + " ".join(f"{k}={v:.4f}" for k, v in metrics.items()) + f" p50={statistics.median(times):.1f}ms", flush=True)
     return rows
 
 

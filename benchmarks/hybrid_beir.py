@@ -14,8 +14,9 @@ Rows, all built and queried in the same process on the same Documents (title + "
   (LlamaIndex defaults otherwise; ``use_async=False`` because a Qdrant local-mode store has no
   async client; ``llm=MockLLM()`` is never called with ``num_queries=1``);
 * ours: ``HybridIndex.as_retriever`` modes ``sparse`` (BM25), ``dense``, ``hybrid_rrf`` (RRF),
-  ``hybrid_score`` (normalised score fusion, what the recommended mode ``hybrid`` runs) and
-  ``qdrant_hybrid`` (fusion inside Qdrant). Our rows embed queries with the package default
+  ``hybrid_score`` (normalised score fusion, the default of ``hybrid`` before its feedback fusion),
+  ``hybrid`` with no other argument (the default: z-scored exact scores plus a feedback leg, see
+  benchmarks/default_fusion.py) and ``qdrant_hybrid`` (fusion inside Qdrant). Our rows embed queries with the package default
   (``FastHuggingFaceEmbedding``: ONNX Runtime), LlamaIndex's rows with LlamaIndex's
   ``HuggingFaceEmbedding`` (PyTorch) and its defaults; both compute the same vectors.
 
@@ -550,13 +551,15 @@ def build_ours(corpus, storage: Path, params: Dict[str, Any], embed_model, depth
     r_dense = index.as_retriever("dense", similarity_top_k=depth)
     r_rrf = index.as_retriever("hybrid_rrf", similarity_top_k=depth, candidate_top_k=rrf["candidate_top_k"], rrf_k=rrf["rrf_k"], weights=rrf["weights"])
     r_score = index.as_retriever("hybrid_score", similarity_top_k=depth, candidate_top_k=sc["candidate_top_k"], weights=sc["weights"])
+    r_default = index.as_retriever("hybrid", similarity_top_k=depth)  # the default fusion, no other argument
     r_qd = index.as_retriever("qdrant_hybrid", similarity_top_k=depth, candidate_top_k=qd["candidate_top_k"], rrf_k=qd["rrf_k"])
     common = {"chunking": chunking_label(params["chunk_size"], params["chunk_overlap"]), "bm25": bm, "similarity_top_k": depth}
     systems = [
         System("ours BM25 (sparse)", "ours", r_sparse.retrieve, build, dict(common)),
         System("ours dense", "ours", r_dense.retrieve, build, dict(common)),
         System("ours hybrid RRF", "ours", r_rrf.retrieve, build, {**common, **rrf}),
-        System("ours hybrid score fusion (mode 'hybrid')", "ours", r_score.retrieve, build, {**common, **sc}),
+        System("ours hybrid score fusion (mode 'hybrid_score')", "ours", r_score.retrieve, build, {**common, **sc}),
+        System("ours hybrid default (mode 'hybrid': feedback fusion)", "ours", r_default.retrieve, build, dict(common)),
         System("ours Qdrant-native hybrid", "ours", r_qd.retrieve, build, {**common, **qd}),
     ]
     return index, systems

@@ -3,9 +3,19 @@
     python benchmarks/tracing_overhead.py [--reps 30] [--top-k 8] [--max-tokens 256]
 
 Builds the bundled samples index in a temporary folder, calibrates the gate on the bundled
-questions (as the tests do), then times the pipeline ``retrieve -> gate -> assembler`` on every
-bundled question (38), ``--reps`` rounds. Modes, interleaved per question (the order rotating
-with the round and the question) so drift on a shared machine hits all modes alike:
+questions (as the tests do), then times on every bundled question (38), ``--reps`` rounds:
+
+* the pipeline ``retrieve -> gate -> assembler`` called directly (query kinds ``text`` and
+  ``embedded``): the retriever opens a trace, the gate and the assembler run outside it, so a
+  collector makes three traces per question (and the JSON-lines writer three lines);
+* the same stages in a LlamaIndex ``RetrieverQueryEngine`` (``node_postprocessors=[gate,
+  assembler]``) with LlamaIndex's ``NoText`` synthesizer (``response_mode="no_text"``, given a
+  ``MockLLM``: no LLM call, a constant and small cost, so the ratio is the largest a real engine
+  would see) (query kinds ``engine`` and ``engine-embedded``): one query, one trace attached to
+  the response (``response.metadata["trace"]``), one JSON line; what users run.
+
+Modes, interleaved per question (the order rotating with the round and the question) so drift
+on a shared machine hits all modes alike:
 
 * off: no listener (the stages check the dispatcher and build nothing);
 * li-spans: LlamaIndex's built-in ``SimpleSpanHandler`` (span timings only, no node ids: the
@@ -14,11 +24,16 @@ with the round and the question) so drift on a shared machine hits all modes ali
   collectors listening the stages hand them their records directly, no event is built);
 * events: a ``TraceCollector`` subclass with its own ``handle`` (as any other handler, e.g.
   OpenInference's: the records travel as ``StageTraceEvent`` / ``NodesDroppedEvent`` through the dispatcher);
-* jsonl: a ``JsonlTraceWriter`` (the same, plus the JSON lines: flushed after each query inside
-  the measured time, so its whole cost is counted rather than left to its background thread).
+* jsonl: a ``JsonlTraceWriter`` (the same, plus the JSON lines). Its background thread is kept
+  idle (``flush_interval_s`` of an hour); after each round the lines are flushed on the measured
+  thread and that flush's time (serialising what was not serialised yet, and one append to the
+  file) is shared out over the round's queries, so the writer's whole cost is counted. A round
+  is one batch of 38 queries; the writer's own batches (up to ``max_pending`` = 256 or one
+  second of queries) are larger, so this over-counts the file write slightly.
 
-Two query kinds: ``text`` (the query is embedded each time, as in serving) and ``embedded``
-(``QueryBundle`` with a precomputed embedding: less work per query, so the larger ratio).
+Query kinds ``text`` / ``engine`` (the query is embedded each time, as in serving) and
+``embedded`` / ``engine-embedded`` (``QueryBundle`` with a precomputed embedding: less work per
+query, so the larger ratio).
 Each query is timed twice: CPU time (``time.process_time``, every thread of the process: what a
 busy shared machine disturbs least) and wall time. Per question the median over rounds is
 taken; the table reports the mean of those medians and ``ratio = sum(median on) / sum(median
@@ -47,6 +62,9 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from llama_index.core.instrumentation import get_dispatcher  # noqa: E402
+from llama_index.core.llms import MockLLM  # noqa: E402
+from llama_index.core.query_engine import RetrieverQueryEngine  # noqa: E402
+from llama_index.core.response_synthesizers.no_text import NoText  # noqa: E402
 from llama_index.core.instrumentation.span_handlers import SimpleSpanHandler  # noqa: E402
 from llama_index.core.schema import QueryBundle  # noqa: E402
 
@@ -62,6 +80,7 @@ from llama_index_retrieval_kit.tracing import JsonlTraceWriter, TraceCollector, 
 logger = logging.getLogger("tracing_overhead")
 MODES = ("off", "li-spans", "collector", "events", "jsonl")
 TRACED = ("collector", "events", "jsonl")  # modes in which our stages build records
+KINDS = ("text", "embedded", "engine", "engine-embedded")
 
 
 def build_pipeline(folder: Path, top_k: int, max_tokens: int) -> tuple:
@@ -91,6 +110,12 @@ def run_once(retriever, gate, assembler, query) -> float:
     return time.perf_counter() - started
 
 
+def make_engine(retriever, gate, assembler) -> RetrieverQueryEngine:
+    """The engine users run: the hybrid retriever, then the gate and the assembler, and LlamaIndex's
+    ``NoText`` synthesizer (``response_mode="no_text"``; its LLM, a ``MockLLM``, is never called)."""
+    return RetrieverQueryEngine(retriever, response_synthesizer=NoText(llm=MockLLM()), node_postprocessors=[gate, assembler])
+
+
 class EventReadingCollector(TraceCollector):
     """A collector with a ``handle`` of its own: the stages dispatch their events (as for any other handler)."""
 
@@ -106,8 +131,8 @@ def handler_for(mode: str, folder: Path):
         return TraceCollector()  # keeps the last 1000 traces, as by default
     if mode == "events":
         return EventReadingCollector()
-    if mode == "jsonl":
-        return JsonlTraceWriter(path=str(folder / "traces.jsonl"))
+    if mode == "jsonl":  # flushed by time_modes after each round (its background thread stays idle)
+        return JsonlTraceWriter(path=str(folder / "traces.jsonl"), flush_interval_s=3600.0, max_pending=1_000_000)
     return None
 
 
@@ -125,6 +150,8 @@ def uninstall(handler) -> None:
         root = get_dispatcher()
         root.span_handlers = [h for h in root.span_handlers if h is not handler]
         handler.completed_spans.clear()
+    elif isinstance(handler, JsonlTraceWriter):  # stop listening without JsonlTraceWriter.uninstall's flush:
+        TraceCollector.uninstall(handler)  # time_modes flushes once per round and counts it
     elif handler is not None:
         handler.uninstall()
 
@@ -132,11 +159,13 @@ def uninstall(handler) -> None:
 def time_modes(run: Callable[[object], float], queries: Sequence[object], reps: int, folder: Path) -> Dict[str, Dict[str, List[List[float]]]]:
     """Per mode and clock ("cpu", "wall"), per query, the seconds of each round (modes interleaved per query, order rotating).
 
-    The JSON-lines mode flushes after each query inside the measured time, so its line is written
-    synchronously there: the writer's whole cost is counted, not left to its background thread.
+    The JSON-lines writer is flushed after each round, timed, and the flush's time is added to
+    each of the round's JSON-lines queries in equal shares: the writer's whole cost is counted,
+    none of it left to its background thread (which stays idle) or to another mode's time.
     """
     times = {m: {"cpu": [[] for _ in queries], "wall": [[] for _ in queries]} for m in MODES}
     handlers = {m: handler_for(m, folder) for m in MODES}
+    writer = handlers["jsonl"]
     try:
         for r in range(reps):
             for i, query in enumerate(queries):
@@ -148,12 +177,19 @@ def time_modes(run: Callable[[object], float], queries: Sequence[object], reps: 
                             raise RuntimeError(f"mode {mode}: tracing_enabled() is {tracing_enabled()}")
                         cpu, wall = time.process_time(), time.perf_counter()
                         run(query)
-                        if isinstance(handler, JsonlTraceWriter):
-                            handler.flush()
                         times[mode]["cpu"][i].append(time.process_time() - cpu)
                         times[mode]["wall"][i].append(time.perf_counter() - wall)
                     finally:
                         uninstall(handler)
+            if isinstance(writer, JsonlTraceWriter):
+                cpu, wall = time.process_time(), time.perf_counter()
+                written = writer.flush()
+                cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+                if written < len(queries):
+                    raise RuntimeError(f"round {r}: the JSON-lines writer wrote {written} lines for {len(queries)} queries")
+                for i in range(len(queries)):
+                    times["jsonl"]["cpu"][i][-1] += cpu / len(queries)
+                    times["jsonl"]["wall"][i][-1] += wall / len(queries)
     finally:
         if isinstance(handlers["jsonl"], JsonlTraceWriter):
             handlers["jsonl"].close()
@@ -239,6 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=30, help="rounds over the bundled questions")
     parser.add_argument("--top-k", type=int, default=8, help="fused results handed to the gate")
     parser.add_argument("--max-tokens", type=int, default=256, help="context budget of the assembler")
+    parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS), help="query kinds to time (default: all)")
     args = parser.parse_args(argv)
     for name in ("reps", "top_k", "max_tokens"):
         if getattr(args, name) < 1:
@@ -250,12 +287,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             embed = index.embed_model if hasattr(index, "embed_model") else default_embed_model()
             bundles = [QueryBundle(q, embedding=embed.get_query_embedding(q)) for q in questions]
-            kinds = {"text": [QueryBundle(q) for q in questions], "embedded": bundles}
-            run = lambda query: run_once(retriever, gate, assembler, query)  # noqa: E731
-            for query in kinds["text"][:5]:  # warm up (ONNX session, tokenizer)
-                run(query)
+            engine = make_engine(retriever, gate, assembler)
+            pipeline = lambda query: run_once(retriever, gate, assembler, query)  # noqa: E731
+            kinds = {"text": (pipeline, [QueryBundle(q) for q in questions]), "embedded": (pipeline, bundles),
+                     "engine": (engine.query, [QueryBundle(q) for q in questions]), "engine-embedded": (engine.query, bundles)}
+            for query in kinds["text"][1][:5]:  # warm up (ONNX session, tokenizer, the engine's first query)
+                pipeline(query)
+                engine.query(query)
             rows, hooks = [], []
-            for kind, queries in kinds.items():
+            for kind in args.kinds:
+                run, queries = kinds[kind]
                 times = time_modes(run, queries, args.reps, folder)
                 off = summarise(times["off"]["cpu"], times["off"]["cpu"])[0]
                 for mode in MODES:

@@ -246,7 +246,7 @@ class RetrieverConfig(_Section):
     mode: str = Field(default="hybrid", description="Retriever mode (indices.RETRIEVER_MODES).")
     similarity_top_k: StrictInt = Field(default=5, ge=1, description="Results returned.")
     candidate_top_k: Optional[StrictInt] = Field(default=None, ge=1, description="Depth of each leg before fusion (default 100).")
-    weights: Optional[List[Number]] = Field(default=None, description="Leg weights [bm25, dense].")
+    weights: Optional[List[Number]] = Field(default=None, description="Leg weights [bm25, dense]; mode 'hybrid' also takes [bm25, dense, feedback].")
     rrf_k: Optional[Number] = Field(default=None, ge=0, description="RRF constant k (default 60).")
     dense_search: Optional[Literal["auto", "memory", "qdrant"]] = Field(default=None, description="Dense leg: in memory or in Qdrant.")
     filters: Optional[Dict[str, Any]] = Field(
@@ -265,8 +265,11 @@ class RetrieverConfig(_Section):
     def _check_weights(cls, value: Optional[List[float]]) -> Optional[List[float]]:
         if value is None:
             return None
-        if len(value) != 2 or any(not math.isfinite(w) or w < 0 for w in value) or not any(value):
-            raise ValueError(f"must be 2 finite numbers >= 0, not both 0, [bm25, dense]; got {value!r}")
+        if len(value) not in (2, 3) or any(not math.isfinite(w) or w < 0 for w in value) or not any(value):
+            raise ValueError(
+                f"must be 2 finite numbers >= 0, not all 0, [bm25, dense] (mode 'hybrid' also takes 3: "
+                f"[bm25, dense, feedback]); got {value!r}"
+            )
         return value
 
     @field_validator("filters", mode="after")
@@ -289,6 +292,12 @@ class RetrieverConfig(_Section):
                 f"mode {self.mode!r} does not use {name} (got {getattr(self, name)!r}); it applies to mode(s) "
                 f"{', '.join(takers)}: remove it or choose one of those modes",
                 f"retriever.{name}",
+            )
+        if self.weights is not None and len(self.weights) == 3 and self.mode != "hybrid":
+            raise _KeyedError(
+                f"3 weights [bm25, dense, feedback] apply to mode 'hybrid' only (its feedback leg); mode {self.mode!r} "
+                f"fuses 2 legs: give [bm25, dense]; got {self.weights!r}",
+                "retriever.weights",
             )
         if self.mode == "qdrant_hybrid":
             if self.rrf_k is not None and not float(self.rrf_k).is_integer():

@@ -26,10 +26,17 @@ only when they are first read. When the only listeners are plain :class:`TraceCo
 directly and build no event (nobody else could see one); any other handler on the chain (an
 ordinary or OpenInference-style handler) gets every :class:`StageTraceEvent` and
 :class:`NodesDroppedEvent` through ``dispatcher.event``. A collector makes the one-stage trace of
-a stage run outside any query when it is read; the JSON-lines writer serialises (pydantic's
-Rust serialiser, several times faster than the standard library's ``json`` on these records) and
-writes in batches on a background thread (:meth:`JsonlTraceWriter.flush`). A kept trace holds few
-objects (no reference to the nodes), which keeps garbage collection and its eviction cheap.
+a stage run outside any query when it is read.
+
+JSON form (``response.metadata["trace"]``, the JSON lines, ``rkit query --json --trace``):
+:meth:`QueryTrace.to_dict`, a columnar layout marked ``"format": 2``: per stage and node list a
+dict of equal-length columns (``node_id``, ``score``, ...), sliced from the snapshots with no
+per-node dict; fusion's merged candidates are rebuilt from its legs' outputs on reading.
+:meth:`QueryTrace.from_dict` / :func:`read_traces` read it and the row layout of
+``model_dump(mode="json")`` (format 1). JSON text comes from ``orjson`` when it is importable,
+else from the standard library's ``json``. The JSON-lines writer writes in batches on a
+background thread (:meth:`JsonlTraceWriter.flush`). A kept trace holds few objects (no reference
+to the nodes), which keeps garbage collection and its eviction cheap.
 ``benchmarks/tracing_overhead.py`` measures the cost.
 """
 
@@ -38,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import itertools
+import json
 import logging
 import operator
 import os
@@ -60,6 +68,11 @@ from llama_index.core.instrumentation.span import active_span_id
 from llama_index.core.schema import NodeWithScore, QueryBundle
 from typing_extensions import Annotated, NotRequired, TypedDict
 
+try:  # not a declared dependency (several packages bring it): the standard library's json without it
+    import orjson as _orjson
+except ImportError:  # pragma: no cover - depends on the environment (tests run both)
+    _orjson = None
+
 logger = logging.getLogger(__name__)
 dispatcher = get_dispatcher(__name__)
 
@@ -76,6 +89,7 @@ __all__ = [
     "TracedNode",
     "attach_trace",
     "collect_traces",
+    "TRACE_FORMAT",
     "format_trace",
     "read_traces",
     "tracing_enabled",
@@ -200,7 +214,7 @@ class StageTrace(BaseModel):
             with _MATERIALIZE_LOCK:
                 lazy = private.get("_lazy")
                 if lazy is not None:
-                    built, given = lazy[0](*lazy[1:]), self.__dict__
+                    built, given = _rows_of_built(lazy[0](*lazy[1:])), self.__dict__
                     values = {k: given[k] if k in given else built.get(k, []) for k in _field_names(StageTrace)}
                     # declaration order, as a validated record has it (the JSON keys follow the dict)
                     object.__setattr__(self, "__dict__", values)
@@ -278,23 +292,192 @@ class QueryTrace(BaseModel):
         return super(QueryTrace, self._materialize()).model_dump_json(**kwargs)
 
     def to_dict(self) -> Dict[str, Any]:
-        """JSON-ready dict."""
-        return self.model_dump(mode="json")
+        """JSON-ready dict in the columnar layout (``"format": 2``, see :data:`TRACE_FORMAT`).
+
+        Each stage's ``inputs`` / ``outputs`` / ``dropped`` is ``[]`` or a dict of equal-length
+        columns (``node_id``, ``score``, ...; a node's rank is its position + 1; dropped nodes add
+        ``reason`` and ``rank``); fusion's merged candidates and drops are ``{"merged_from": [leg
+        names]}``, rebuilt from those legs' outputs on reading. Built from the stages' snapshots
+        without a per-node dict. :meth:`from_dict` reads it back; ``model_dump(mode="json")`` is
+        the row layout (format 1: a dict per node), which :meth:`from_dict` reads too.
+        """
+        values = self.__dict__
+        stages = values["stages"]
+        started_at = values["started_at"]
+        return {
+            "format": TRACE_FORMAT,
+            "trace_id": values["trace_id"],
+            "query_str": values["query_str"],
+            "started_at": started_at.isoformat() if isinstance(started_at, datetime) else started_at,
+            "latency_ms": _score(values["latency_ms"]),
+            "stages": [_stage_dict(record, stages, i) for i, record in enumerate(stages)],
+            "span_id": values["span_id"],
+        }
 
     def to_json(self) -> str:
-        """One JSON line (no newline inside; pydantic's Rust serialiser: faster than the standard library's ``json``)."""
-        return self.model_dump_json()
+        """:meth:`to_dict` as one JSON line (no newline inside; ``orjson`` when importable, else ``json``)."""
+        return dumps_json(self.to_dict())
 
     @classmethod
-    def from_json(cls, line: str) -> "QueryTrace":
-        """The trace written by :meth:`to_json`."""
-        return cls.model_validate_json(line)
+    def from_dict(cls, data: Mapping[str, Any]) -> "QueryTrace":
+        """The trace of a :meth:`to_dict` (format 2, columns) or of a ``model_dump(mode="json")`` (format 1, rows)."""
+        if not isinstance(data, Mapping):
+            raise TypeError(f"a trace is a mapping (QueryTrace.to_dict()), got {type(data).__name__}")
+        version = data.get("format", 1)
+        if version == 1:
+            return cls.model_validate(data)
+        if version != TRACE_FORMAT:
+            raise ValueError(f"unknown trace format {version!r}; readable formats: 1 (rows), {TRACE_FORMAT} (columns)")
+        stages = data.get("stages") or []
+        if not isinstance(stages, list):
+            raise ValueError(f"trace {data.get('trace_id')!r}: 'stages' must be a list, got {type(stages).__name__}")
+        values = {k: v for k, v in data.items() if k != "format"}
+        values["stages"] = rows = []
+        for i, stage in enumerate(stages):
+            rows.append(_stage_rows(stage, rows, f"trace {data.get('trace_id')!r} stage {i}"))
+        return cls.model_validate(values)
+
+    @classmethod
+    def from_json(cls, line: Union[str, bytes]) -> "QueryTrace":
+        """The trace of a JSON line (:meth:`to_json`, or the row layout of ``model_dump_json()``)."""
+        return cls.from_dict(loads_json(line))
 
 
 def read_traces(path: Union[str, Path]) -> List[QueryTrace]:
-    """Every trace of a JSON-lines file written by :class:`JsonlTraceWriter`."""
+    """Every trace of a JSON-lines file written by :class:`JsonlTraceWriter` (either layout, see :meth:`QueryTrace.from_dict`)."""
     with open(path, encoding="utf-8") as fh:
         return [QueryTrace.from_json(line) for line in fh if line.strip()]
+
+
+# ------------------------------------------------------------------------------ JSON form
+#: Version of the layout :meth:`QueryTrace.to_dict` writes (columns); 1 is the row layout of ``model_dump``.
+TRACE_FORMAT = 2
+
+
+def _json_default(value: Any) -> Any:
+    """JSON form of what the encoders do not know: enums (their value), numpy values (``tolist``), datetimes."""
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, datetime):
+        return value.isoformat()
+    tolist = getattr(value, "tolist", None)
+    if callable(tolist):
+        return tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def dumps_json(data: Any) -> str:
+    """``data`` as compact JSON text: ``orjson`` when importable (several times faster), else the standard library."""
+    if _orjson is not None:
+        return _orjson.dumps(data, default=_json_default).decode("utf-8")
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"), default=_json_default)
+
+
+def loads_json(text: Union[str, bytes]) -> Any:
+    """Parse JSON text (``orjson`` when importable, else the standard library)."""
+    return _orjson.loads(text) if _orjson is not None else json.loads(text)
+
+
+def json_backend() -> str:
+    """Which JSON library writes and reads traces here: ``"orjson"`` or ``"json"``."""
+    return "orjson" if _orjson is not None else "json"
+
+
+def _legs_precede(legs: Tuple[Tuple[str, "StageTrace"], ...], stages: Sequence["StageTrace"], index: int) -> bool:
+    """True when each leg record is the last stage of its name before ``stages[index]`` (a reader finds it by name)."""
+    for name, record in legs:
+        for earlier in reversed(stages[:index]):
+            if earlier.__dict__["name"] == name:
+                if earlier is not record:
+                    return False
+                break
+        else:
+            return False
+    return True
+
+
+def _merged_from(values: Mapping[str, Any], stages: Sequence[StageTrace], index: int) -> Optional[List[str]]:
+    """The legs a fusion record's built rows (``values``) derive from, as :func:`_fusion_fields` derives them, else None.
+
+    For records not built lazily (read back, or already read): the same JSON form either way.
+    """
+    inputs = values["inputs"]
+    names = {leg for n in inputs for leg in n.get("leg_ranks") or ()}
+    legs: Dict[str, Any] = {}
+    for earlier in stages[:index]:
+        name = earlier.__dict__["name"]
+        if name in names:
+            legs.pop(name, None)
+            legs[name] = earlier  # the last of each name, in run order
+    if not names or len(legs) != len(names):
+        return None
+    derived = _fusion_fields({name: record.outputs for name, record in legs.items()}, values["outputs"], values["attributes"])
+    return list(legs) if derived == {"inputs": inputs, "dropped": values["dropped"]} else None
+
+
+def _stage_dict(record: StageTrace, stages: Sequence[StageTrace], index: int) -> Dict[str, Any]:
+    """The JSON form (format 2) of ``record``, ``stages[index]`` of its trace."""
+    private = record.__pydantic_private__
+    lazy = private.get("_lazy") if private else None  # read before __dict__: a record built meanwhile has its rows there
+    values = record.__dict__
+    built = lazy[0](*lazy[1:]) if lazy is not None else {}
+    stage = values["stage"]
+    out: Dict[str, Any] = {"stage": stage.value if isinstance(stage, Enum) else stage, "name": values["name"],
+                           "component": values["component"], "query_str": values["query_str"]}
+    merged_from = _merged_from(values, stages, index) if "inputs" in values and stage == Stage.FUSION else None
+    for key in ("inputs", "outputs", "dropped"):
+        if key in values:
+            out[key] = {"merged_from": merged_from} if merged_from and key != "outputs" else _columns_of_rows(values[key], key == "dropped")
+            continue
+        part = built.get(key, [])
+        if isinstance(part, _Merged):
+            if _legs_precede(part.legs, stages, index):
+                part = {"merged_from": [name for name, _ in part.legs]}
+            else:  # the legs are not in this trace: written in full
+                part = _columns_of_rows(getattr(record, key), key == "dropped")
+        elif part and not part.get("node_id", True):
+            part = []  # no node: written as the empty list, as _columns_of_rows writes it
+        out[key] = part
+    context_tokens, max_tokens = values["context_tokens"], values["max_tokens"]
+    out.update(latency_ms=_score(values["latency_ms"]), confidence=_score(values["confidence"]),
+               threshold=_score(values["threshold"]), context_tokens=None if context_tokens is None else int(context_tokens),
+               max_tokens=None if max_tokens is None else int(max_tokens), attributes=dict(values["attributes"]),
+               span_id=values["span_id"])
+    return out
+
+
+def _rows_of_built(built: Mapping[str, Any]) -> Dict[str, Any]:
+    """The row form of a lazy record's ``build(*args)`` (columns, or fusion's :class:`_Merged`)."""
+    outputs = _rows_of_columns(built.get("outputs", []), False, "outputs")
+    inputs = built.get("inputs", [])
+    if isinstance(inputs, _Merged):
+        return {"outputs": outputs, **_fusion_fields({name: record.outputs for name, record in inputs.legs}, outputs, inputs.attributes)}
+    return {"inputs": _rows_of_columns(inputs, False, "inputs"), "outputs": outputs,
+            "dropped": _rows_of_columns(built.get("dropped", []), True, "dropped")}
+
+
+def _stage_rows(stage: Any, earlier: Sequence[Mapping[str, Any]], where: str) -> Dict[str, Any]:
+    """A stage of format 2 in the row layout (``earlier``: the trace's stages before it, already in rows)."""
+    if not isinstance(stage, Mapping):
+        raise ValueError(f"{where}: a stage is a mapping, got {type(stage).__name__}")
+    where = f"{where} ({stage.get('name')!r})"
+    rows = dict(stage)
+    rows["outputs"] = outputs = _rows_of_columns(stage.get("outputs", []), False, f"{where} outputs")
+    merged = [key for key in ("inputs", "dropped") if isinstance(stage.get(key), Mapping) and "merged_from" in stage[key]]
+    if merged:
+        legs: Dict[str, Any] = {}
+        for name in stage[merged[0]]["merged_from"]:
+            found = [s for s in earlier if s.get("name") == name]
+            if not found:
+                raise ValueError(f"{where}: merged from leg {name!r}, which is not an earlier stage; stages: {[s.get('name') for s in earlier]}")
+            legs[name] = found[-1]["outputs"]
+        derived = _fusion_fields(legs, outputs, stage.get("attributes") or {})
+        for key in merged:
+            rows[key] = derived[key]
+    for key in ("inputs", "dropped"):
+        if key not in merged:
+            rows[key] = _rows_of_columns(stage.get(key, []), key == "dropped", f"{where} {key}")
+    return rows
 
 
 # ------------------------------------------------------------------------------ events
@@ -516,6 +699,14 @@ def _score(value: Any) -> Optional[float]:
     return None if value is None else float(value)
 
 
+def _floats(values: Sequence[Any]) -> List[Optional[float]]:
+    """``values`` as Python floats (None kept); one C-level pass when none is None."""
+    try:
+        return list(map(float, values))
+    except TypeError:
+        return [None if v is None else float(v) for v in values]
+
+
 def _entry(rank: int, node_id: str, score: Any, leg_ranks: Any, leg_scores: Any, pre_rerank_rank: Any) -> TracedNode:
     """A :class:`TracedNode` (optional keys only when they apply)."""
     node: TracedNode = {"node_id": node_id, "rank": rank, "score": None if score is None else float(score)}
@@ -551,52 +742,148 @@ _chain = itertools.chain.from_iterable
 def snapshot(results: Sequence[NodeWithScore]) -> Snapshot:
     """The results' ids, scores and fusion / rerank attributes as they are now (later stages may rescore in place).
 
-    The per-node entries (:func:`from_snapshot`) are built from it only when a record is read.
-    The leg rank and score mappings are the results' own (fusion makes them once per result);
-    they are copied when read.
+    The node columns (:func:`snapshot_columns`) and per-node entries (:func:`from_snapshot`) are
+    built from it only when a record is read or written. The leg rank and score mappings are the
+    results' own (fusion makes them once per result); they are copied when read.
     """
     # __dict__, not getattr: a missing attribute costs a pydantic AttributeError (microseconds)
     return tuple(_chain([((f := r.__dict__)["node"].node_id, f["score"], f.get("leg_ranks"), f.get("leg_scores"),
                           f.get("pre_rerank_rank")) for r in results]))
 
 
+# ---- node lists in columns (the trace's JSON form, format 2) and in rows (TracedNode / DroppedNode)
+#: Optional node columns, in the order they are written.
+_NODE_OPTIONAL = ("leg_ranks", "leg_scores", "pre_rerank_rank", "source_ids")
+_DROP_OPTIONAL = ("detail", "duplicate_of")
+
+
+def snapshot_columns(snap: Snapshot) -> Dict[str, Any]:
+    """The node columns of a :func:`snapshot`: ``node_id`` and ``score`` lists (rank = position + 1),
+    ``leg_ranks`` / ``leg_scores`` (a copied mapping or None per node) when a node has leg ranks,
+    ``pre_rerank_rank`` (int or None per node) when a node has one. Slices of the flat tuple: no per-node dict."""
+    columns: Dict[str, Any] = {"node_id": list(snap[0::_SNAPSHOT_WIDTH]), "score": _floats(snap[1::_SNAPSHOT_WIDTH])}
+    leg_ranks = snap[2::_SNAPSHOT_WIDTH]
+    if any(leg_ranks):
+        columns["leg_ranks"] = [dict(r) if r else None for r in leg_ranks]
+        columns["leg_scores"] = [dict(s or {}) if r else None for r, s in zip(leg_ranks, snap[3::_SNAPSHOT_WIDTH])]
+    pre = snap[4::_SNAPSHOT_WIDTH]
+    if pre.count(None) != len(pre):
+        columns["pre_rerank_rank"] = list(pre)
+    return columns
+
+
+def _columns_of_rows(rows: Sequence[Mapping[str, Any]], drops: bool) -> Any:
+    """Node (or, ``drops``, dropped-node) rows as columns; ``[]`` for none. ``rank`` is written for
+    nodes only when a rank is not its position + 1 (never, for records built here)."""
+    if not rows:
+        return []
+    columns: Dict[str, Any] = {"node_id": [n["node_id"] for n in rows]}
+    if drops:
+        columns["reason"] = [DropReason(n["reason"]).value for n in rows]
+        columns["rank"] = [n["rank"] for n in rows]
+    elif any(n["rank"] != i for i, n in enumerate(rows, 1)):
+        columns["rank"] = [n["rank"] for n in rows]
+    columns["score"] = [n["score"] for n in rows]
+    for key in _DROP_OPTIONAL if drops else _NODE_OPTIONAL:
+        if any(key in n for n in rows):
+            values = [n.get(key) for n in rows]
+            columns[key] = [type(v)(v) if isinstance(v, (dict, list)) else v for v in values]  # copies, as pydantic's dump
+    return columns
+
+
+def _column(columns: Mapping[str, Any], key: str, n: int, where: str) -> Optional[Sequence[Any]]:
+    values = columns.get(key)
+    if values is None:
+        return None
+    if not isinstance(values, list) or len(values) != n:
+        raise ValueError(f"{where}: column {key!r} must be a list of {n} values (one per node_id), got {values!r:.80}")
+    return values
+
+
+def _rows_of_columns(columns: Any, drops: bool, where: str) -> List[Dict[str, Any]]:
+    """The rows of a node (or dropped-node) list given as rows (format 1, or an empty list) or as columns (format 2)."""
+    if isinstance(columns, list):
+        return columns
+    if not isinstance(columns, Mapping) or not isinstance(columns.get("node_id"), list):
+        raise ValueError(f"{where}: expected a list of nodes or columns with a 'node_id' list, got {columns!r:.80}")
+    ids = columns["node_id"]
+    n = len(ids)
+    ranks = _column(columns, "rank", n, where) or range(1, n + 1)
+    scores = _column(columns, "score", n, where) or [None] * n
+    reasons = _column(columns, "reason", n, where) if drops else None
+    if drops and reasons is None:
+        raise ValueError(f"{where}: dropped nodes need a 'reason' column")
+    optional = [(key, values) for key in (_DROP_OPTIONAL if drops else _NODE_OPTIONAL)
+                if (values := _column(columns, key, n, where)) is not None]
+    rows: List[Dict[str, Any]] = []
+    for i in range(n):
+        row: Dict[str, Any] = {"node_id": ids[i], "rank": ranks[i], "score": scores[i]}
+        if drops:
+            row["reason"] = DropReason(reasons[i])
+        for key, values in optional:
+            if values[i] is not None:
+                row[key] = values[i]
+        rows.append(row)
+    return rows
+
+
 def from_snapshot(snap: Snapshot) -> List[TracedNode]:
     """The :class:`TracedNode` entries of a :func:`snapshot`, ranks from 1 (equal to :func:`traced_nodes` then)."""
-    out: List[TracedNode] = []
-    rows = iter(snap)
-    for i, (node_id, score, leg_ranks, leg_scores, pre_rerank_rank) in enumerate(zip(*[rows] * _SNAPSHOT_WIDTH), 1):
-        node: TracedNode = {"node_id": node_id, "rank": i, "score": None if score is None else float(score)}  # as _entry, inline
-        if leg_ranks:
-            node["leg_ranks"] = dict(leg_ranks)
-            node["leg_scores"] = dict(leg_scores or {})
-        if pre_rerank_rank is not None:
-            node["pre_rerank_rank"] = pre_rerank_rank
-        out.append(node)
-    return out
+    return _rows_of_columns(snapshot_columns(snap), False, "snapshot")  # type: ignore[return-value]
 
 
-def _dropped(node: TracedNode, reason: DropReason, detail: Optional[str] = None, duplicate_of: Optional[str] = None) -> DroppedNode:
-    dropped: DroppedNode = {"node_id": node["node_id"], "reason": reason, "rank": node["rank"], "score": node["score"]}
-    if detail is not None:
-        dropped["detail"] = detail
-    if duplicate_of is not None:
-        dropped["duplicate_of"] = duplicate_of
-    return dropped
+class _Drops:
+    """Dropped-node columns being built (reason values as strings: the JSON form)."""
+
+    __slots__ = ("node_id", "reason", "rank", "score", "detail", "duplicate_of")
+
+    def __init__(self) -> None:
+        self.node_id: List[str] = []
+        self.reason: List[str] = []
+        self.rank: List[Optional[int]] = []
+        self.score: List[Optional[float]] = []
+        self.detail: List[Optional[str]] = []
+        self.duplicate_of: List[Optional[str]] = []
+
+    def add(self, node_id: str, reason: DropReason, rank: Optional[int], score: Optional[float], detail: Optional[str] = None,
+            duplicate_of: Optional[str] = None) -> None:
+        self.node_id.append(node_id)
+        self.reason.append(reason.value)
+        self.rank.append(rank)
+        self.score.append(score)
+        self.detail.append(detail)
+        self.duplicate_of.append(duplicate_of)
+
+    def columns(self) -> Any:
+        """The columns (optional ones only when some node has a value), ``[]`` for none."""
+        if not self.node_id:
+            return []
+        columns = {"node_id": self.node_id, "reason": self.reason, "rank": self.rank, "score": self.score}
+        for key in _DROP_OPTIONAL:
+            values = getattr(self, key)
+            if values.count(None) != len(values):
+                columns[key] = values
+        return columns
 
 
-def _record(stage: Stage, name: str, component: str, query_str: Optional[str], latency_ms: float, **fields: Any) -> StageTrace:
-    values: Dict[str, Any] = dict(
-        stage=stage, name=name, component=component, query_str=query_str, inputs=[], outputs=[], dropped=[],
-        latency_ms=float(latency_ms), confidence=None, threshold=None, context_tokens=None, max_tokens=None,
-        attributes={}, span_id=None,
-    )  # declaration order
-    values.update(fields)
-    return _construct(StageTrace, values, {"_lazy": None})
+class _Merged:
+    """Fusion's inputs and drops: derived from its legs' outputs (:func:`_fusion_fields`), in memory and on reading.
+
+    Written as ``{"merged_from": [leg names]}`` when the legs' records precede fusion in the same
+    trace (they always do for this package's retrievers), else in full.
+    """
+
+    __slots__ = ("legs", "attributes")
+
+    def __init__(self, legs: Tuple[Tuple[str, "StageTrace"], ...], attributes: Mapping[str, Any]) -> None:
+        self.legs, self.attributes = legs, attributes
 
 
 def _lazy_record(stage: Stage, name: str, component: str, query_str: Optional[str], latency_ms: float,
                  build: Callable[..., Dict[str, Any]], args: Tuple[Any, ...], **fields: Any) -> StageTrace:
-    """A record whose ``inputs`` / ``outputs`` / ``dropped`` not in ``fields`` come from ``build(*args)`` when first read.
+    """A record whose ``inputs`` / ``outputs`` / ``dropped`` not in ``fields`` come from ``build(*args)``:
+    columns (:func:`snapshot_columns`, :class:`_Drops`) or :class:`_Merged`, turned into the trace's JSON
+    form when written and into rows when first read.
 
     ``build`` is a module function and ``args`` plain values (no closure): a kept trace holds few
     objects the garbage collector must track.
@@ -607,33 +894,24 @@ def _lazy_record(stage: Stage, name: str, component: str, query_str: Optional[st
     return _construct(StageTrace, values, {"_lazy": (build, *args)})
 
 
-def _leg_fields(snap: Snapshot, depth: Optional[int]) -> Dict[str, Any]:
-    inputs = from_snapshot(snap)
-    kept = inputs if depth is None else inputs[:depth]
-    dropped = [_dropped(n, DropReason.NOT_IN_TOP_K, f"leg rank {n['rank']} > candidate_top_k {depth}") for n in inputs[len(kept):]]
-    return {"inputs": inputs, "outputs": kept, "dropped": dropped}
+def _leg_columns(snap: Snapshot, depth: Optional[int]) -> Dict[str, Any]:
+    inputs = snapshot_columns(snap)
+    n = len(inputs["node_id"])
+    if depth is None or depth >= n:
+        return {"inputs": inputs, "outputs": {k: list(v) for k, v in inputs.items()}, "dropped": []}
+    outputs = {k: v[:depth] for k, v in inputs.items()}
+    drops = _Drops()
+    for rank, node_id, score in zip(range(depth + 1, n + 1), inputs["node_id"][depth:], inputs["score"][depth:]):
+        drops.add(node_id, DropReason.NOT_IN_TOP_K, rank, score, f"leg rank {rank} > candidate_top_k {depth}")
+    return {"inputs": inputs, "outputs": outputs, "dropped": drops.columns()}
 
 
 def leg_record(
     name: str, component: str, query_str: Optional[str], results: Sequence[NodeWithScore], depth: Optional[int], latency_ms: float
 ) -> StageTrace:
     """A retrieval leg: what it returned (inputs) and the first ``depth`` that go to fusion (outputs)."""
-    return _lazy_record(Stage.RETRIEVAL_LEG, name, component, query_str, latency_ms, _leg_fields, (snapshot(results), depth),
+    return _lazy_record(Stage.RETRIEVAL_LEG, name, component, query_str, latency_ms, _leg_columns, (snapshot(results), depth),
                         attributes={"candidate_top_k": depth})
-
-
-def fusion_record(
-    component: str,
-    query_str: Optional[str],
-    legs: Mapping[str, Sequence[TracedNode]],
-    fused: Sequence[NodeWithScore],
-    latency_ms: float,
-    attributes: Dict[str, Any],
-) -> StageTrace:
-    """Fusion: the union of the legs' candidates (with each leg's rank and score) in, the fused top-k out."""
-    outputs = traced_nodes(fused)
-    return _record(Stage.FUSION, "fusion", component, query_str, latency_ms, outputs=outputs,
-                   **_fusion_fields(legs, outputs, attributes), attributes=attributes)
 
 
 def _fusion_fields(legs: Mapping[str, Sequence[TracedNode]], outputs: Sequence[TracedNode], attributes: Mapping[str, Any]) -> Dict[str, Any]:
@@ -661,9 +939,9 @@ def _fusion_fields(legs: Mapping[str, Sequence[TracedNode]], outputs: Sequence[T
     return {"inputs": inputs, "dropped": dropped}
 
 
-def _lazy_fusion_fields(snap: Snapshot, leg_records: Tuple[Tuple[str, StageTrace], ...], attributes: Mapping[str, Any]) -> Dict[str, Any]:
-    outputs = from_snapshot(snap)
-    return {"outputs": outputs, **_fusion_fields({name: record.outputs for name, record in leg_records}, outputs, attributes)}
+def _fusion_columns(snap: Snapshot, leg_records: Tuple[Tuple[str, StageTrace], ...], attributes: Mapping[str, Any]) -> Dict[str, Any]:
+    merged = _Merged(leg_records, attributes)
+    return {"inputs": merged, "outputs": snapshot_columns(snap), "dropped": merged}
 
 
 def _emit_lazy_fusion(component: str, query_str: Optional[str], leg_records: Mapping[str, StageTrace],
@@ -676,20 +954,21 @@ def _emit_lazy_fusion(component: str, query_str: Optional[str], leg_records: Map
     the record's entries to see).
     """
     snap = snapshot(fused)  # the results are the caller's (mutable): ids and scores kept now
-    record = _lazy_record(Stage.FUSION, "fusion", component, query_str, latency_ms, _lazy_fusion_fields,
+    record = _lazy_record(Stage.FUSION, "fusion", component, query_str, latency_ms, _fusion_columns,
                           (snap, tuple(leg_records.items()), attributes), attributes=attributes)
     collectors = _receivers()
     n_dropped = None if collectors is not None else max(0, count_candidates() - len(fused))
     _emit(record, n_dropped, collectors, active_span_id.get())
 
 
-def array_leg_nodes(nodes: Sequence[Any], positions: Sequence[int], scores: Sequence[float]) -> List[TracedNode]:
-    """Traced nodes of an array leg (positions into ``nodes``, scores best first)."""
-    return [{"node_id": nodes[p].node_id, "rank": i, "score": s} for i, (p, s) in enumerate(zip(positions, scores), 1)]
+_NODE_ID = operator.attrgetter("id_")  # BaseNode.id_ (its node_id property, without the property call)
 
 
-def _array_leg_fields(nodes: Sequence[Any], positions: Any, scores: Any) -> Dict[str, Any]:
-    return {"outputs": array_leg_nodes(nodes, positions.tolist(), scores.tolist())}
+def _array_leg_columns(nodes: Sequence[Any], positions: Any, scores: Any) -> Dict[str, Any]:
+    """An array leg's outputs: ``positions`` into ``nodes`` and their ``scores``, best first."""
+    if not len(positions):
+        return {"outputs": []}
+    return {"outputs": {"node_id": list(map(_NODE_ID, map(nodes.__getitem__, positions.tolist()))), "score": scores.tolist()}}
 
 
 # ------------------------------------------------------------------------------ stage hooks (called only when enabled)
@@ -707,7 +986,7 @@ def trace_index_fusion(
     collectors, span_id = _receivers(), active_span_id.get()
     for name, (positions, scores) in legs.items():
         ms = laps.ms.get(name, 0.0) + (laps.ms.get("embed", 0.0) if name == "dense" else 0.0)
-        records[name] = record = _lazy_record(Stage.RETRIEVAL_LEG, name, component, query_str, ms, _array_leg_fields,
+        records[name] = record = _lazy_record(Stage.RETRIEVAL_LEG, name, component, query_str, ms, _array_leg_columns,
                                               (nodes, positions, scores), attributes={"candidate_top_k": retriever._depth})
         _emit(record, 0, collectors, span_id)
     attributes = {"mode": retriever._mode, "similarity_top_k": retriever.similarity_top_k, "weights": list(retriever._weights)}
@@ -748,20 +1027,21 @@ async def atimed(awaitable: Any) -> Tuple[Any, float]:
     return await awaitable, elapsed_ms(started)
 
 
-def _gate_fields(in_snap: Snapshot, out_snap: Snapshot, cutoff: Optional[float], conf: Optional[float],
-                 threshold: Optional[float]) -> Dict[str, Any]:
-    inputs, outputs = from_snapshot(in_snap), from_snapshot(out_snap)
-    kept_ids = {n["node_id"] for n in outputs}
-    dropped = []
-    for n in inputs:
-        if n["node_id"] in kept_ids:
+def _gate_columns(in_snap: Snapshot, out_snap: Snapshot, cutoff: Optional[float], conf: Optional[float],
+                  threshold: Optional[float]) -> Dict[str, Any]:
+    inputs = snapshot_columns(in_snap)
+    outputs = snapshot_columns(out_snap)
+    kept_ids = set(outputs["node_id"])
+    drops = _Drops()
+    closed = f"confidence {conf:.4f} < threshold {threshold:.4f}" if conf is not None else "gate closed"
+    for rank, (node_id, score) in enumerate(zip(inputs["node_id"], inputs["score"]), 1):
+        if node_id in kept_ids:
             continue
-        if cutoff is not None and (n["score"] is None or n["score"] < cutoff):
-            dropped.append(_dropped(n, DropReason.BELOW_CUTOFF, f"score {n['score']} < similarity_cutoff {cutoff}"))
+        if cutoff is not None and (score is None or score < cutoff):
+            drops.add(node_id, DropReason.BELOW_CUTOFF, rank, score, f"score {score} < similarity_cutoff {cutoff}")
         else:
-            dropped.append(_dropped(n, DropReason.BELOW_THRESHOLD, f"confidence {conf:.4f} < threshold {threshold:.4f}"
-                                    if conf is not None else "gate closed"))
-    return {"inputs": inputs, "outputs": outputs, "dropped": dropped}
+            drops.add(node_id, DropReason.BELOW_THRESHOLD, rank, score, closed)
+    return {"inputs": inputs, "outputs": outputs, "dropped": drops.columns()}
 
 
 def gate_record(gate: Any, nodes: Sequence[NodeWithScore], kept: Sequence[NodeWithScore], query: Any, latency_ms: float,
@@ -777,7 +1057,7 @@ def gate_record(gate: Any, nodes: Sequence[NodeWithScore], kept: Sequence[NodeWi
     in_snap = snapshot(nodes)
     same = len(kept) == len(nodes) and all(map(operator.is_, kept, nodes))  # the open gate: every input passed on
     out_snap = in_snap if same else snapshot(kept)
-    return _lazy_record(Stage.NO_ANSWER_GATE, "no_answer", type(gate).__name__, _query_text(query), latency_ms, _gate_fields,
+    return _lazy_record(Stage.NO_ANSWER_GATE, "no_answer", type(gate).__name__, _query_text(query), latency_ms, _gate_columns,
                         (in_snap, out_snap, cutoff, conf, threshold), confidence=conf, threshold=threshold,
                         attributes={"closed": bool(nodes) and not kept, "similarity_cutoff": cutoff})
 
@@ -788,20 +1068,20 @@ def trace_gate(gate: Any, nodes: Sequence[NodeWithScore], kept: Sequence[NodeWit
     emit(gate_record(gate, nodes, kept, query, elapsed_ms(started), confidence), n_dropped=len(nodes) - len(kept))
 
 
-def _rerank_fields(in_snap: Snapshot, out_snap: Snapshot, capped: int, scored: int, budget_ms: Any, top_n: Any) -> Dict[str, Any]:
-    inputs, outputs = from_snapshot(in_snap), from_snapshot(out_snap)
-    kept = {n["node_id"] for n in outputs}
-    dropped = []
-    for n in inputs:
-        if n["node_id"] in kept:
+def _rerank_columns(in_snap: Snapshot, out_snap: Snapshot, capped: int, scored: int, budget_ms: Any, top_n: Any) -> Dict[str, Any]:
+    inputs, outputs = snapshot_columns(in_snap), snapshot_columns(out_snap)
+    kept = set(outputs["node_id"])
+    drops = _Drops()
+    for rank, (node_id, score) in enumerate(zip(inputs["node_id"], inputs["score"]), 1):
+        if node_id in kept:
             continue
-        if n["rank"] > capped:
-            dropped.append(_dropped(n, DropReason.OVER_MAX_CANDIDATES, f"input rank {n['rank']} > max_candidates {capped}"))
-        elif n["rank"] > scored:
-            dropped.append(_dropped(n, DropReason.NOT_SCORED, f"latency budget {budget_ms} ms: scored {scored}"))
+        if rank > capped:
+            drops.add(node_id, DropReason.OVER_MAX_CANDIDATES, rank, score, f"input rank {rank} > max_candidates {capped}")
+        elif rank > scored:
+            drops.add(node_id, DropReason.NOT_SCORED, rank, score, f"latency budget {budget_ms} ms: scored {scored}")
         else:
-            dropped.append(_dropped(n, DropReason.NOT_IN_TOP_K, f"reranked below top_n {top_n}"))
-    return {"inputs": inputs, "outputs": outputs, "dropped": dropped}
+            drops.add(node_id, DropReason.NOT_IN_TOP_K, rank, score, f"reranked below top_n {top_n}")
+    return {"inputs": inputs, "outputs": outputs, "dropped": drops.columns()}
 
 
 def rerank_record(reranker: Any, query: Any, nodes: Sequence[NodeWithScore], results: Sequence[NodeWithScore], latency_ms: float) -> StageTrace:
@@ -812,7 +1092,7 @@ def rerank_record(reranker: Any, query: Any, nodes: Sequence[NodeWithScore], res
     attributes: Dict[str, Any] = {"model": reranker.model, "top_n": reranker.top_n}
     if stats is not None:
         attributes.update(scoring_ms=stats.scoring_ms, scored=stats.scored, per_pair_ms=stats.per_pair_ms)
-    return _lazy_record(Stage.RERANK, "rerank", type(reranker).__name__, _query_text(query), latency_ms, _rerank_fields,
+    return _lazy_record(Stage.RERANK, "rerank", type(reranker).__name__, _query_text(query), latency_ms, _rerank_columns,
                         (snapshot(nodes), snapshot(results), capped, scored, reranker.latency_budget_ms, reranker.top_n),
                         attributes=attributes)
 
@@ -822,21 +1102,23 @@ def trace_rerank(reranker: Any, query: Any, nodes: Sequence[NodeWithScore], resu
     emit(rerank_record(reranker, query, nodes, results, elapsed_ms(started)), n_dropped=len(nodes) - len(results))
 
 
-def _assembly_fields(in_snap: Snapshot, out_snap: Snapshot, sources: Tuple[Tuple[str, ...], ...],
-                     left_out: Tuple[str, ...], max_tokens: Any) -> Dict[str, Any]:
-    inputs = from_snapshot(in_snap)
-    by_id = {n["node_id"]: n for n in inputs}
-    outputs = from_snapshot(out_snap)
-    for node, source_ids in zip(outputs, sources):
-        node["source_ids"] = list(source_ids)
-    dropped = []
+def _assembly_columns(in_snap: Snapshot, out_snap: Snapshot, sources: Tuple[Tuple[str, ...], ...],
+                      left_out: Tuple[str, ...], max_tokens: Any) -> Dict[str, Any]:
+    inputs = snapshot_columns(in_snap)
+    outputs = snapshot_columns(out_snap)
+    if outputs["node_id"]:
+        outputs["source_ids"] = [list(s) for s in sources]
+    position = {node_id: i for i, node_id in enumerate(inputs["node_id"])}
+    scores = inputs["score"]
+    drops = _Drops()
     for node_id, reason in zip(*[iter(left_out)] * 2):
-        n = by_id.get(node_id) or {"node_id": node_id, "rank": None, "score": None}
+        i = position.get(node_id)
+        rank, score = (None, None) if i is None else (i + 1, scores[i])
         if reason.startswith("duplicate of "):
-            dropped.append(_dropped(n, DropReason.DUPLICATE, reason, duplicate_of=reason[len("duplicate of "):]))
+            drops.add(node_id, DropReason.DUPLICATE, rank, score, reason, reason[len("duplicate of "):])
         else:
-            dropped.append(_dropped(n, DropReason.OVER_BUDGET, f"budget {max_tokens} tokens"))
-    return {"inputs": inputs, "outputs": outputs, "dropped": dropped}
+            drops.add(node_id, DropReason.OVER_BUDGET, rank, score, f"budget {max_tokens} tokens")
+    return {"inputs": inputs, "outputs": outputs, "dropped": drops.columns()}
 
 
 def assembly_record(assembler: Any, query: Any, nodes: Sequence[NodeWithScore], out: Sequence[NodeWithScore], report: Any,
@@ -844,7 +1126,7 @@ def assembly_record(assembler: Any, query: Any, nodes: Sequence[NodeWithScore], 
     """Context assembly: outputs are the assembled nodes (with the input ids each holds), drops from its report."""
     sources = tuple([tuple((r.node.metadata or {}).get("source_node_ids") or ()) for r in out])
     left_out = tuple(_chain([(left.node_id, left.reason) for left in report.left_out]))  # flat: id, reason, id, reason, ...
-    return _lazy_record(Stage.ASSEMBLY, "context", type(assembler).__name__, _query_text(query), latency_ms, _assembly_fields,
+    return _lazy_record(Stage.ASSEMBLY, "context", type(assembler).__name__, _query_text(query), latency_ms, _assembly_columns,
                         (snapshot(nodes), snapshot(out), sources, left_out, report.max_tokens),
                         context_tokens=report.used_tokens, max_tokens=report.max_tokens,
                         attributes={"order": getattr(assembler.order, "value", str(assembler.order)), "spans": report.spans,
@@ -859,7 +1141,7 @@ def trace_assembly(assembler: Any, query: Any, nodes: Sequence[NodeWithScore], o
 
 # ------------------------------------------------------------------------------ responses
 def attach_trace(response: Any, trace: Union[QueryTrace, Mapping[str, Any]]) -> Any:
-    """Put ``trace`` (as a JSON-ready dict) in ``response.metadata["trace"]``; returns the response."""
+    """Put ``trace`` (as a JSON-ready dict: :meth:`QueryTrace.to_dict`) in ``response.metadata["trace"]``; returns the response."""
     data = trace.to_dict() if isinstance(trace, QueryTrace) else dict(trace)
     response.metadata = {**(getattr(response, "metadata", None) or {}), "trace": data}
     return response
@@ -1038,17 +1320,23 @@ class TraceCollector(BaseEventHandler):
             return
         current.set(open_.previous)
         open_.trace.__dict__["latency_ms"] = elapsed_ms(open_.started)  # built unvalidated: no pydantic __setattr__
+        data = None
         if self.attach and response is not None and hasattr(response, "metadata"):
-            attach_trace(response, open_.trace)
-        self._finish(open_.trace)
+            data = open_.trace.to_dict()
+            attach_trace(response, data)
+        self._finish(open_.trace, data)
 
-    def _finish(self, trace: QueryTrace) -> None:
+    def _finish(self, trace: QueryTrace, data: Optional[Dict[str, Any]] = None) -> None:
         if self.keep:
             self._keep(trace)
         try:
-            self.on_trace(trace)
+            self._export(trace, data)
         except Exception:  # the dispatcher would swallow it silently
             logger.exception("trace handler %s failed for query %r", type(self).__name__, trace.query_str)
+
+    def _export(self, trace: QueryTrace, data: Optional[Dict[str, Any]]) -> None:
+        """Hand a finished trace on (``data``: its :meth:`QueryTrace.to_dict`, when one was attached to the response)."""
+        self.on_trace(trace)
 
     def on_trace(self, trace: QueryTrace) -> None:
         """Called with each finished trace (override to export it)."""
@@ -1057,8 +1345,9 @@ class TraceCollector(BaseEventHandler):
 class _JsonlSink:
     """Finished traces waiting for one JSON-lines file, and the background thread that writes them.
 
-    ``add`` only appends (the query path); the thread wakes when a trace is pending, waits up to
-    ``interval_s`` (less once ``max_pending`` traces wait) and writes the batch in one append.
+    ``add`` only appends (the query path) a trace, or its line already serialised; the thread
+    wakes when one is pending, waits up to ``interval_s`` (less once ``max_pending`` wait),
+    serialises the traces and writes the batch in one append.
     :meth:`flush` writes synchronously. Lines keep the order the traces finished in. A trace that
     cannot be serialised is logged and skipped; when the file cannot be written the lines stay
     (the next flush writes them first) and an explicit flush raises.
@@ -1071,7 +1360,7 @@ class _JsonlSink:
 
     def _reset(self) -> None:
         """Nothing pending, no thread, fresh locks (also in a forked child: the parent writes its own lines)."""
-        self.pending: List[QueryTrace] = []
+        self.pending: List[Union[QueryTrace, str]] = []  # traces, or their lines (no newline)
         self.unwritten: List[str] = []  # lines serialised but not written (the file could not be written)
         self.pending_lock = threading.Lock()
         self.write_lock = threading.Lock()
@@ -1080,7 +1369,7 @@ class _JsonlSink:
         self.thread: Optional[threading.Thread] = None
         self.stopping = False
 
-    def add(self, trace: QueryTrace) -> None:
+    def add(self, trace: Union[QueryTrace, str]) -> None:
         with self.pending_lock:
             self.pending.append(trace)
             n = len(self.pending)
@@ -1113,7 +1402,7 @@ class _JsonlSink:
             for i, trace in enumerate(batch):
                 batch[i] = None  # serialised: freed now (unless kept), not with the whole batch
                 try:
-                    lines.append(trace.to_json() + "\n")
+                    lines.append((trace if type(trace) is str else trace.to_json()) + "\n")
                 except Exception:  # never writable: keeping it would block every later line
                     logger.exception("trace of query %r cannot be serialised; not written to %s", trace.query_str, self.path)
             if not lines:
@@ -1164,9 +1453,11 @@ if hasattr(os, "register_at_fork"):
 class JsonlTraceWriter(TraceCollector):
     """A :class:`TraceCollector` that appends each finished trace to ``path`` as one JSON line.
 
-    Lines are written in batches by a background thread (at most ``flush_interval_s`` after the
-    trace finished, sooner once ``max_pending`` traces wait), so the query path only queues the
-    trace. :meth:`flush` writes what is pending now; :meth:`uninstall` (the end of ``with writer:``)
+    Each line is :meth:`QueryTrace.to_json` (the columnar layout, ``"format": 2``). Lines are
+    written in batches by a background thread (at most ``flush_interval_s`` after the trace
+    finished, sooner once ``max_pending`` traces wait). A trace attached to its response is
+    serialised when its query ends, from the attached dict (built once for both, and before the
+    caller can change it); any other trace is serialised on the background thread. :meth:`flush` writes what is pending now; :meth:`uninstall` (the end of ``with writer:``)
     and :meth:`close` flush, and so does interpreter exit. Only a process killed outright (SIGKILL,
     ``os._exit``) can lose the last ``flush_interval_s`` of lines.
     """
@@ -1187,12 +1478,26 @@ class JsonlTraceWriter(TraceCollector):
     def class_name(cls) -> str:
         return "JsonlTraceWriter"
 
+    def _export(self, trace: QueryTrace, data: Optional[Dict[str, Any]]) -> None:
+        if data is None or type(self).on_trace is not JsonlTraceWriter.on_trace:
+            self.on_trace(trace)
+            return
+        try:  # serialised now, from the dict attached to the response: before the caller can change it
+            line = dumps_json(data)
+        except Exception:
+            logger.exception("trace of query %r cannot be serialised; not written to %s", trace.query_str, self.path)
+            return
+        self._queue(line)
+
     def on_trace(self, trace: QueryTrace) -> None:
+        self._queue(trace)
+
+    def _queue(self, item: Union[QueryTrace, str]) -> None:
         sink = self.__pydantic_private__["_sink"]
         if sink.path != self.path:  # the path was changed: what was queued goes to the old file
             sink.flush()
             sink.path = self.path
-        sink.add(trace)
+        sink.add(item)
 
     def flush(self) -> int:
         """Write every pending trace now (returns how many); raises when the file cannot be written."""
@@ -1260,7 +1565,7 @@ def format_trace(trace: Union[QueryTrace, Mapping[str, Any], str], max_rows: int
     if isinstance(trace, str):
         trace = QueryTrace.from_json(trace)
     elif not isinstance(trace, QueryTrace):
-        trace = QueryTrace.model_validate(dict(trace))
+        trace = QueryTrace.from_dict(trace)
     total = f"{trace.latency_ms:.1f} ms" if trace.latency_ms is not None else "n/a"
     lines = [f"trace {trace.trace_id} | query {trace.query_str!r} | total {total} | context tokens {trace.context_tokens}"]
     for s in trace.stages:

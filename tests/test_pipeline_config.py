@@ -109,7 +109,8 @@ def test_unknown_top_level_section_lists_the_sections() -> None:
         ({"retriever": {"mode": "hybird"}}, "retriever.mode", ["'hybird'", "'hybrid'", "'hybrid_rrf'", "'sparse'", "'qdrant_hybrid'"]),
         ({"retriever": {"similarity_top_k": 0}}, "retriever.similarity_top_k", ["greater than or equal to 1", "got 0"]),
         ({"retriever": {"similarity_top_k": "5"}}, "retriever.similarity_top_k", ["valid integer", "got '5'"]),
-        ({"retriever": {"weights": [1, 2, 3]}}, "retriever.weights", ["[bm25, dense]", "[1, 2, 3]"]),
+        ({"retriever": {"weights": [1, 2, 3, 4]}}, "retriever.weights", ["[bm25, dense]", "[bm25, dense, feedback]", "[1, 2, 3, 4]"]),
+        ({"retriever": {"mode": "hybrid_rrf", "weights": [1, 2, 3]}}, "retriever.weights", ["mode 'hybrid' only", "[bm25, dense]", "[1, 2, 3]"]),
         ({"reranker": {"backend": "fast"}}, "reranker.backend", ["'fast'", "'flag_embedding'", "'sentence_transformers'"]),
         ({"context": {"max_tokens": 100, "order": "random"}}, "context.order", ["'random'", "'relevance'", "'document'", "'bookends'"]),
         ({"embedding": {"query_backend": "tf"}}, "embedding.query_backend", ["'onnx'", "'torch'", "got 'tf'"]),
@@ -446,7 +447,7 @@ def test_example_pipeline_answers_end_to_end_with_a_mock_llm(built: PipelineConf
         assert any("Late Payment Fee" in n.node.get_content() for n in sources)
         assert all(n.node.metadata.get("citation") for n in sources)  # assembled context spans with their hints
         trace = response.metadata["trace"]
-        assert [s["name"] for s in trace["stages"]] == ["bm25", "dense", "fusion", "context"]
+        assert [s["name"] for s in trace["stages"]] == ["bm25", "dense", "feedback", "fusion", "context"]
         assert len(engine.tracer.traces) == 1
         assert all(h is not engine.tracer for h in get_dispatcher().event_handlers)  # listens only during a query
         with pytest.raises(TypeError, match="cannot be serialised: serialise its config"):
@@ -466,6 +467,17 @@ def test_an_index_built_otherwise_is_refused(built: PipelineConfig) -> None:
     assert "--rebuild" in str(caught.value)
     with build_retriever(built) as retriever:  # the index was closed again: it opens
         assert [r.node.metadata["doc_id"] for r in retriever.retrieve(ANSWERABLE)][0] == "credit_card_terms.md"
+
+
+def test_three_weights_set_the_hybrid_feedback_leg(built: PipelineConfig) -> None:
+    def ranked(config: PipelineConfig) -> list:
+        with build_retriever(config) as retriever:
+            return [(r.node.node_id, round(float(r.score), 9)) for r in retriever.retrieve(ANSWERABLE)]
+
+    default = ranked(built)
+    assert ranked(built.with_overrides({"retriever.weights": [0.3, 0.3, 0.4]})) == default  # the default's weights
+    bm25_only = ranked(built.with_overrides({"retriever.weights": [1.0, 0.0, 0.0]}))
+    assert bm25_only != default
 
 
 def test_rkit_index_query_calibrate_with_config(built: PipelineConfig, tmp_path: Path) -> None:

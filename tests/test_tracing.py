@@ -265,15 +265,130 @@ def test_json_lines_round_trip(engine: RetrieverQueryEngine, closed_question: st
     lines = path.read_text(encoding="utf-8").splitlines()
     assert len(lines) == 3 and all(json.loads(line)["query_str"] for line in lines)
     read = read_traces(path)
-    assert [t.to_dict() for t in read] == [t.to_dict() for t in writer.traces]
-    for trace in read:
-        _check_complete(trace)
+    assert [t.to_dict() for t in read] == [t.to_dict() for t in writer.traces] == [json.loads(line) for line in lines]
+    assert read == writer.traces
+    for trace, line in zip(read, lines):
+        _check_complete(trace)  # every candidate kept or dropped with a reason, after reading back
         assert QueryTrace.from_json(trace.to_json()) == trace
+        # the columnar layout (format 2): columns of equal length, fusion's candidates rebuilt from its legs
+        data = json.loads(line)
+        assert data["format"] == tracing.TRACE_FORMAT == 2
+        for stage in data["stages"]:
+            for key in ("inputs", "outputs", "dropped"):
+                columns = stage[key]
+                assert columns == [] or "merged_from" in columns or len({len(v) for v in columns.values() if isinstance(v, list)}) == 1
+        (fusion,) = [s for s in data["stages"] if s["name"] == "fusion"]
+        legs = [s["name"] for s in data["stages"] if s["stage"] == "retrieval_leg"]
+        assert fusion["inputs"] == fusion["dropped"] == {"merged_from": legs}
+        # the row layout (format 1, pydantic's model_dump) reads back to the same trace
+        rows = trace.model_dump(mode="json")
+        assert "format" not in rows and isinstance(rows["stages"][0]["outputs"], list)
+        assert QueryTrace.from_dict(rows) == trace == QueryTrace.from_json(trace.model_dump_json())
+        assert format_trace(rows) == format_trace(trace)
     text = format_trace(read[0])
     for name in [s.name for s in read[0].stages]:  # the legs, then AFTER_LEGS (_check_complete)
         assert f"== {name} (" in text
     assert "tokens" in text and "not in top-k" in text
     assert format_trace(lines[0]) == text == format_trace(json.loads(lines[0]))
+
+
+def test_the_attached_trace_is_the_json_line_and_reads_back(engine: RetrieverQueryEngine, tmp_path: Path) -> None:
+    path = tmp_path / "one.jsonl"
+    with JsonlTraceWriter(path=str(path), keep=True) as writer:
+        response = engine.query(ANSWERABLE[0])
+        attached = response.metadata["trace"]
+        assert writer.pending == 1  # serialised when the query ended: changing the dict now changes nothing written
+        attached["query_str"] = "changed"
+        attached["stages"][-1]["outputs"]["node_id"].clear()
+    (trace,) = writer.traces
+    (line,) = path.read_text(encoding="utf-8").splitlines()
+    assert json.loads(line) == trace.to_dict() and json.loads(line)["query_str"] == ANSWERABLE[0]
+    assert QueryTrace.from_json(line) == trace
+    assert _ids(trace.stage("context").outputs) == _ids(response.source_nodes)
+
+
+def test_a_fusion_record_without_its_legs_is_written_in_full(engine: RetrieverQueryEngine) -> None:
+    with collect_traces() as collector:
+        engine.query(ANSWERABLE[1])
+    trace = collector.last
+    fusion = trace.stage("fusion")
+    alone = QueryTrace(query_str="q", stages=[fusion])  # no leg precedes it: nothing to rebuild the candidates from
+    data = alone.to_dict()
+    (stage,) = data["stages"]
+    assert stage["inputs"]["node_id"] == _ids(fusion.inputs) and stage["dropped"]["node_id"] == _ids(fusion.dropped)
+    assert QueryTrace.from_dict(data).stages[0] == fusion
+    # a columnar trace that names a leg it does not hold is refused, naming the stages it has
+    broken = trace.to_dict()
+    broken["stages"] = [s for s in broken["stages"] if s["stage"] != "retrieval_leg"]
+    with pytest.raises(ValueError, match="merged from leg .* not an earlier stage"):
+        QueryTrace.from_dict(broken)
+    with pytest.raises(ValueError, match="unknown trace format 7; readable formats: 1 \\(rows\\), 2 \\(columns\\)"):
+        QueryTrace.from_dict({**trace.to_dict(), "format": 7})
+    uneven = trace.to_dict()
+    uneven["stages"][-1]["inputs"]["score"].pop()
+    with pytest.raises(ValueError, match="column 'score' must be a list of"):
+        QueryTrace.from_dict(uneven)
+
+
+def test_the_standard_library_json_writes_and_reads_the_same_lines(engine: RetrieverQueryEngine, tmp_path: Path) -> None:
+    """Without orjson (not a declared dependency) the traces are written and read with ``json``: the same data."""
+    path = tmp_path / "orjson.jsonl"
+    with JsonlTraceWriter(path=str(path), keep=True) as writer:
+        for q in ANSWERABLE:
+            engine.query(q)
+    assert tracing.json_backend() == "orjson"  # in this venv (brought by other packages)
+    out = tmp_path / "json.jsonl"
+    script = (
+        "import json, sys\n"
+        "sys.modules['orjson'] = None\n"  # import orjson fails: the standard library's json is used
+        "from llama_index_retrieval_kit import tracing\n"
+        "assert tracing.json_backend() == 'json'\n"
+        f"traces = tracing.read_traces({str(path)!r})\n"
+        f"with open({str(out)!r}, 'w', encoding='utf-8') as fh:\n"
+        "    for trace in traces:\n"
+        "        line = trace.to_json()\n"
+        "        assert tracing.QueryTrace.from_json(line) == trace and json.loads(line) == trace.to_dict()\n"
+        "        fh.write(line + '\\n')\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, cwd=Path(__file__).resolve().parents[1], timeout=120)
+    assert read_traces(out) == read_traces(path) == writer.traces
+    assert [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()] == [t.to_dict() for t in writer.traces]
+
+
+_node_lists = st.lists(
+    st.tuples(st.one_of(st.none(), st.floats(-5, 5)), st.one_of(st.none(), st.dictionaries(st.sampled_from(["bm25", "dense"]), st.integers(1, 50), min_size=1)),
+              st.one_of(st.none(), st.integers(1, 9))),
+    max_size=12,
+)
+
+
+@settings(max_examples=50, deadline=None)
+@given(_node_lists, _node_lists, st.data())
+def test_both_layouts_read_back_to_the_same_record(inputs: List[Any], outputs: List[Any], data: st.DataObject) -> None:
+    """A gate record: its columnar form (from the snapshots) and its row form (model_dump) read back alike."""
+
+    def results(entries: List[Any], prefix: str) -> List[NodeWithScore]:
+        out = []
+        for i, (score, legs, pre) in enumerate(entries):
+            result = NodeWithScore(node=TextNode(id_=f"{prefix}{i}", text="t"), score=score)
+            if legs:
+                result.__dict__["leg_ranks"] = legs
+                result.__dict__["leg_scores"] = {leg: rank / 10 for leg, rank in legs.items()}
+            if pre is not None:
+                result.__dict__["pre_rerank_rank"] = pre
+            out.append(result)
+        return out
+
+    nodes = results(inputs, "n")
+    kept = nodes[: data.draw(st.integers(0, len(nodes)))] + results(outputs, "m")
+    gate = SimpleNamespace(is_fitted=True, threshold=0.5, similarity_cutoff=data.draw(st.one_of(st.none(), st.floats(-5, 5))))
+    trace = QueryTrace(query_str="q")
+    trace.stages.append(tracing.gate_record(gate, nodes, kept, "q", 1.0, confidence=0.25))
+    columns = trace.to_json()  # built from the snapshots: no row read yet
+    record = trace.stages[0]
+    assert record.unaccounted_ids() == []
+    assert QueryTrace.from_json(columns) == trace == QueryTrace.from_json(trace.model_dump_json())
+    assert QueryTrace.from_json(columns).to_json() == columns == trace.to_json()  # the same form once the rows are built
 
 
 # ----------------------------------------------------------------------------- off

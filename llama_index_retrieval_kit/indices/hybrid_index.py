@@ -67,11 +67,12 @@ from ..retrievers.checks import check_positive_int
 from ..retrievers.exact_dense import DenseMatrix, ExactDenseRetriever
 from ..retrievers.filters import validate_filters
 from ..retrievers.fused_index import FusedIndexRetriever
-from ..retrievers.fusion import DEFAULT_RRF_K
+from ..retrievers.fusion import DEFAULT_FEEDBACK_DEPTH, DEFAULT_RRF_K, IndexFusion
 from ..retrievers.hybrid import HybridRetriever
-from ..retrievers.qdrant_hybrid import QdrantDenseRetriever, QdrantHybridRetriever, bm25_doc_vector
+from ..retrievers.qdrant_hybrid import QdrantDenseRetriever, QdrantHybridRetriever, token_id
 from . import storage as _storage
 from . import store as _store
+from .docstore import IndexDocumentStore
 from .embedding_cache import EmbeddingCache, embed_texts, model_key, text_key
 from .journal import WriteJournal, read_generation, split_touched
 from .manifest import COLLECTION, FORMAT_VERSION, READABLE_FORMATS, BM25Settings, IndexManifest, PendingWrite
@@ -126,12 +127,13 @@ def _exclusive_write(method: Callable[..., Any]) -> Callable[..., Any]:
     this process wait, and so do other processes and other HybridIndex objects on the folder
     (``flock`` on its ``.write.lock``; waited for up to ``storage.DEFAULT_LOCK_TIMEOUT`` = 60 s,
     then ``storage.IndexWriteLockedError``). The write then starts from the committed state on
-    disk (another process sharing a Qdrant server may have committed since)."""
+    disk (another process sharing a Qdrant server may have committed since). The cyclic garbage
+    collector is paused meanwhile (``storage.paused_gc``)."""
 
     @functools.wraps(method)
     def guarded(self: "HybridIndex", *args: Any, **kwargs: Any) -> Any:
         self._check_writable()
-        with self._write_guard.hold():
+        with self._write_guard.hold(), _storage.paused_gc():  # bulk allocation: see storage.paused_gc
             self._check_writable()
             with self._rw_lock.write():  # a roll-back or a newer generation: Qdrant readers wait
                 self._sync_with_disk()
@@ -433,7 +435,7 @@ class HybridIndex:
             _prepare_build_folder(build, storage)
             store = cls._open_store(build, manifest, qdrant_api_key)
             try:
-                index = cls(build, manifest, embed_model, node_parser, store, bm25, SimpleDocumentStore(), tokenizer_config)
+                index = cls(build, manifest, embed_model, node_parser, store, bm25, IndexDocumentStore(), tokenizer_config)
             except BaseException:
                 store.close()
                 raise
@@ -698,6 +700,8 @@ class HybridIndex:
         )
         embedded = len(self.cache) - cached_before
         self._ensure_collection(vectors.shape[1] if len(leaves) else None)
+        # Points deleted or replaced: the shard is reloaded at commit (IDF statistics); only new ones: flushed.
+        reload_store = bool(old_ids) or any(self.docstore.document_exists(i) for i in new_ids)
 
         with self._rw_lock.write():  # queries reading the store wait: they see before or after
             self._begin(sorted(old_ids | new_ids))
@@ -714,7 +718,7 @@ class HybridIndex:
                 for doc_id in ids:
                     self.docstore.delete_ref_doc(doc_id, raise_error=False)
                 self.docstore.add_documents(nodes, allow_update=True)
-                self._commit()
+                self._commit(reload_store=reload_store)
             except BaseException:
                 self._recover()
                 raise
@@ -858,7 +862,7 @@ class HybridIndex:
         self.store.upsert_points(
             [_store.point_id(node.node_id) for node in leaves],
             vectors,
-            [bm25_doc_vector(tok, bm25cfg["avgdl"], bm25cfg["k1"], bm25cfg["b"]) for tok in tokens],
+            _store.bm25_sparse_parts(tokens, bm25cfg["avgdl"], bm25cfg["k1"], bm25cfg["b"], term_id=token_id),  # = bm25_doc_vector
             [_store.node_payload(node) for node in leaves],  # QdrantVectorStore layout + filter bookkeeping
         )
         return tokens
@@ -997,10 +1001,17 @@ class HybridIndex:
                 self.storage_dir,
             )
 
-    def _commit(self) -> None:
+    def _commit(self, reload_store: bool = True) -> None:
         """Points on disk first (and live statistics), then the next generation's BM25 and
-        docstore, then index.json switched to it (:meth:`.journal.WriteJournal.commit`)."""
-        self.store.refresh()
+        docstore, then index.json switched to it (:meth:`.journal.WriteJournal.commit`).
+
+        ``reload_store=False`` when the write only added new points: the shard is flushed but not
+        reloaded (``store.refresh`` reloads it for exact IDF statistics after deletes and
+        replacements; with inserts only, the live statistics are already exact)."""
+        if reload_store:
+            self.store.refresh()
+        else:
+            self.store.flush()
         self._journal.commit(self.bm25, self.docstore)
         self._dense = None
         self._write_start_snapshot = None
@@ -1059,9 +1070,16 @@ class HybridIndex:
 
         Modes:
 
-        * ``"hybrid"`` (recommended): BM25 + dense, fused in process by the method that measured
-          best (docs/benchmarks.md): today score fusion, i.e. ``"hybrid_score"``;
-        * ``"hybrid_score"``: convex combination of min-max normalised leg scores (``weights``);
+        * ``"hybrid"`` (recommended): BM25 + dense, fused in process by the rule chosen on the
+          BEIR train/dev splits (benchmarks/default_fusion.py, docs/benchmarks.md): the union of
+          both legs' top ``candidate_top_k`` (default 200) scored exactly by both, plus a feedback
+          leg (cosine to the first pass's best chunk), z-scored and weighted ``[bm25, dense,
+          feedback]`` = 0.3 / 0.3 / 0.4 (:class:`~llama_index_retrieval_kit.retrievers.fusion.IndexFusion`);
+          results carry ``"bm25"``, ``"dense"`` and ``"feedback"`` leg ranks and scores. It needs
+          the vectors in memory: with ``dense_search="qdrant"`` (or a server under ``"auto"``)
+          ``"hybrid"`` is ``"hybrid_score"``;
+        * ``"hybrid_score"``: convex combination of min-max normalised leg scores (``weights``), the
+          default of ``"hybrid"`` before the feedback fusion;
         * ``"hybrid_rrf"``: reciprocal rank fusion, ``sum w / (rrf_k + rank)``;
         * ``"dense"``, ``"sparse"`` (BM25): one leg;
         * ``"qdrant_hybrid"``: RRF inside Qdrant (the path for a Qdrant server or cluster).
@@ -1071,8 +1089,10 @@ class HybridIndex:
         (``metadata["doc_id"]``, not Qdrant's payload copy of ``Document.id_``) by
         :func:`~llama_index_retrieval_kit.retrievers.filters.metadata_matches`, and Qdrant is
         asked for exactly the matching chunks. Further options, per mode (:data:`RETRIEVER_OPTIONS`):
-        ``candidate_top_k`` (each leg's depth, default 100), ``weights`` (per leg, ``[bm25,
-        dense]``), ``rrf_k`` (default 60), ``fusion`` (``qdrant_hybrid``: ``"rrf"``, the default, or
+        ``candidate_top_k`` (each leg's depth, default 100; 200 for ``"hybrid"``'s feedback
+        fusion), ``weights`` (per leg, ``[bm25, dense]``; for ``"hybrid"``'s feedback fusion
+        ``[bm25, dense, feedback]``, or ``[bm25, dense]`` with the feedback leg kept at 0.4),
+        ``rrf_k`` (default 60), ``fusion`` (``qdrant_hybrid``: ``"rrf"``, the default, or
         ``"dbsf"``), ``dense_search``: ``"memory"`` (exact cosine over the
         stored vectors in numpy; fused modes then fuse in arrays), ``"qdrant"`` (Qdrant's own
         search) or ``"auto"`` (memory in local mode, Qdrant for a server). An option a mode does
@@ -1086,7 +1106,9 @@ class HybridIndex:
         common = {"callback_manager": callback_manager, "verbose": verbose}
         dense_search = given.get("dense_search", "auto")
         dense_search = DenseSearch.from_str(dense_search).value
-        candidate_top_k = check_positive_int("candidate_top_k", given.get("candidate_top_k", 100))
+        feedback = mode == "hybrid" and self._dense_in_memory(dense_search)
+        default_depth = DEFAULT_FEEDBACK_DEPTH if feedback else 100
+        candidate_top_k = check_positive_int("candidate_top_k", given.get("candidate_top_k", default_depth))
         rrf_k = given.get("rrf_k", DEFAULT_RRF_K)
         weights = given.get("weights")
         if mode == "sparse":
@@ -1114,13 +1136,13 @@ class HybridIndex:
                 read_guard=self._rw_lock.read,
                 **common,
             )
-        fusion = "rrf" if mode == "hybrid_rrf" else "score"
+        fusion = IndexFusion.FEEDBACK if feedback else IndexFusion.RRF if mode == "hybrid_rrf" else IndexFusion.SCORE
         if self._dense_in_memory(dense_search):
             return FusedIndexRetriever(
                 self._bm25_view(filters, depth),
                 self.dense_matrix,
                 self.embed_model,
-                mode=fusion,
+                mode=fusion.value,
                 rrf_k=rrf_k,
                 weights=weights,
                 candidate_top_k=depth,
@@ -1131,7 +1153,7 @@ class HybridIndex:
         return HybridRetriever(
             legs,
             names=["bm25", "dense"],
-            mode=fusion,
+            mode=fusion.value,
             rrf_k=rrf_k,
             weights=weights,
             similarity_top_k=similarity_top_k,

@@ -33,6 +33,7 @@ from llama_index.core.storage.docstore import SimpleDocumentStore
 
 from ..retrievers.bm25 import BM25Retriever
 from . import storage
+from .docstore import IndexDocumentStore
 from .manifest import FORMAT_VERSION, GenerationRecord, IndexManifest, PendingWrite
 
 logger = logging.getLogger(__name__)
@@ -55,6 +56,11 @@ READ_ERRORS = (
 def read_generation(storage_dir: Path, generation: int, custom_tokenizer: Any = None) -> Tuple[BM25Retriever, SimpleDocumentStore]:
     """Load generation ``generation``'s BM25 index and docstore; unreadable files are a
     :class:`.storage.DamagedIndexError` naming the file."""
+    with storage.paused_gc():  # every node of the index is parsed: bulk allocation
+        return _read_generation(storage_dir, generation, custom_tokenizer)
+
+
+def _read_generation(storage_dir: Path, generation: int, custom_tokenizer: Any) -> Tuple[BM25Retriever, SimpleDocumentStore]:
     folder = storage.bm25_dir(storage_dir, generation)
     try:
         bm25 = BM25Retriever.load(folder, custom_tokenizer=custom_tokenizer)
@@ -66,7 +72,7 @@ def read_generation(storage_dir: Path, generation: int, custom_tokenizer: Any = 
         raise storage.DamagedIndexError(folder, f"cannot be read ({type(exc).__name__}: {exc})", storage_dir) from exc
     path = storage.docstore_file(storage_dir, generation)
     try:
-        docstore = SimpleDocumentStore.from_persist_path(str(path))
+        docstore = IndexDocumentStore.from_persist_path(str(path))
         docstore.get_all_ref_doc_info()  # parses the structure
     except (ValueError, *READ_ERRORS) as exc:
         raise storage.DamagedIndexError(path, f"cannot be read ({type(exc).__name__}: {exc})", storage_dir) from exc

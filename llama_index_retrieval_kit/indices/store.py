@@ -265,10 +265,49 @@ def sparse_parts(vector: SparseInput) -> Tuple[List[int], List[float]]:
     raise ValueError(f"sparse vector must be a SparseVector, {{index: weight}} or (indices, weights), got {vector!r:.80}")
 
 
+def bm25_sparse_parts(
+    token_lists: Sequence[Sequence[str]], avgdl: float, k1: float, b: float, term_id: Callable[[str], int]
+) -> List[Tuple[List[int], List[float]]]:
+    """``(indices, weights)`` of each document's BM25 sparse vector, for many documents at once:
+    exactly ``retrievers.qdrant_hybrid.bm25_doc_vector`` of each (``term_id`` is its
+    ``token_id``), ``tf / (tf + k1 * (1 - b + b * dl / avgdl))`` per distinct term, summed per
+    term id, indices ascending, but in numpy over the whole batch (each distinct term hashed once).
+    """
+    if avgdl <= 0:
+        raise ValueError(f"avgdl must be > 0, got {avgdl}")
+    vocab: Dict[str, int] = {}
+    flat = np.fromiter((vocab.setdefault(t, len(vocab)) for toks in token_lists for t in toks), dtype=np.int64)
+    lengths = np.fromiter((len(toks) for toks in token_lists), dtype=np.int64, count=len(token_lists))
+    if not flat.size:
+        return [([], []) for _ in token_lists]
+    doc = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
+    # term frequencies: one entry per (document, term)
+    pairs, tf = np.unique(doc * len(vocab) + flat, return_counts=True)
+    pair_doc = pairs // len(vocab)
+    ids = np.fromiter((term_id(t) for t in vocab), dtype=np.int64, count=len(vocab))[pairs % len(vocab)]
+    tf = tf.astype(np.float64)
+    norm = k1 * (1 - b + b * lengths[pair_doc].astype(np.float64) / avgdl)
+    weights = tf / (tf + norm)
+    # per document, by term id ascending; terms sharing an id (a hash collision) add up
+    keys = pair_doc * (1 << 32) + ids
+    order = np.argsort(keys, kind="stable")
+    keys, weights = keys[order], weights[order]
+    starts = np.flatnonzero(np.concatenate(([True], keys[1:] != keys[:-1])))
+    keys, weights = keys[starts], np.add.reduceat(weights, starts)
+    bounds = np.searchsorted(keys >> 32, np.arange(len(lengths) + 1)).tolist()
+    index_list, weight_list = (keys & 0xFFFFFFFF).tolist(), weights.tolist()
+    return [(index_list[bounds[i] : bounds[i + 1]], weight_list[bounds[i] : bounds[i + 1]]) for i in range(len(lengths))]
+
+
 def check_sparse(vector: SparseInput) -> Tuple[List[int], List[float]]:
     """:func:`sparse_parts` of ``vector``, checked: as many weights as indices, indices distinct
     ints in ``[0, 2**32)``, finite weights; else ValueError."""
-    indices, values = sparse_parts(vector)
+    if type(vector) is tuple and len(vector) == 2 and type(vector[0]) is list and type(vector[1]) is list:
+        indices, values = vector  # already lists (bm25_sparse_parts): checked, not converted
+        if not all(type(i) is int for i in indices) or not all(type(v) is float for v in values):
+            indices, values = sparse_parts(vector)
+    else:
+        indices, values = sparse_parts(vector)
     if len(indices) != len(values):
         raise ValueError(f"sparse vector has {len(indices)} indices but {len(values)} weights")
     if indices and (min(indices) < 0 or max(indices) >= 2**32):
@@ -1057,14 +1096,16 @@ class EdgePoints(_PointStore):
             return
         dense = check_dense(dense, schema.dense_dim, len(point_ids))
         self._create_indexes(index_upgrades(self._indexes, payloads))
-        points = []
-        for pid, vec, sp, payload in zip(point_ids, dense, sparse, payloads):
-            indices, values = check_sparse(sp)
-            vectors = {schema.dense_name: vec.tolist(), schema.sparse_name: qe.SparseVector(indices, values)}
-            points.append(qe.Point(pid, vectors, dict(payload)))
-        for start in range(0, len(points), UPSERT_BATCH):
+        sparse = [qe.SparseVector(*check_sparse(sp)) for sp in sparse]  # all checked before anything is written
+        dense_name, sparse_name = schema.dense_name, schema.sparse_name
+        for start in range(0, len(point_ids), UPSERT_BATCH):
+            stop = start + UPSERT_BATCH
+            points = [  # built per batch: the engine's copy of a payload is large
+                qe.Point(pid, {dense_name: vec, sparse_name: sp}, payload if type(payload) is dict else dict(payload))
+                for pid, vec, sp, payload in zip(point_ids[start:stop], dense[start:stop].tolist(), sparse[start:stop], payloads[start:stop])
+            ]
             with engine_writes(self.path):
-                self._shard().update(qe.UpdateOperation.upsert_points(points[start : start + UPSERT_BATCH]))
+                self._shard().update(qe.UpdateOperation.upsert_points(points))
 
     def delete_points(self, point_ids: Sequence[str]) -> None:
         self._check_open()

@@ -151,6 +151,7 @@ def _stemmer(language: str) -> Any:
 def build_tokenizer(config: BM25TokenizerConfig) -> Callable[[str], List[str]]:
     """A function text -> BM25 terms applying ``config`` (compiled once)."""
     pattern = re.compile(config.token_pattern)
+    whole_matches = pattern.groups == 0  # findall returns group(0) only for a pattern without groups
     words = config.stopwords
     stopwords = frozenset(_STOPWORDS[words] if isinstance(words, str) else (words or ()))
     custom = config.custom_tokenizer
@@ -181,6 +182,8 @@ def build_tokenizer(config: BM25TokenizerConfig) -> Callable[[str], List[str]]:
             tokens = custom(text)
             if not isinstance(tokens, (list, tuple)) or not all(isinstance(t, str) for t in tokens):
                 raise ValueError(f"custom_tokenizer must return a list of str, got {tokens!r:.200}")
+        elif whole_matches:
+            tokens = pattern.findall(text)  # the whole matches, as finditer's group(0), in C
         else:
             tokens = [m.group(0) for m in pattern.finditer(text)]
         tokens = [t for t in tokens if t and t not in stopwords]
@@ -234,6 +237,17 @@ class PackedTokens(Sequence[Tuple[str, ...]]):
         np.cumsum(lengths, out=offsets[1:])
         gather = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1], dtype=np.int64)
         return PackedTokens(self.vocab, self.ids[gather], offsets)
+
+    def bm25s_corpus(self) -> Tuple[List[List[int]], Dict[str, int]]:
+        """Every node's token ids and the vocabulary ``{term: id}`` of the terms some node uses
+        (ids renumbered densely): the corpus form ``bm25s.BM25.index`` takes as ``(ids, vocab)``,
+        the same index as from :meth:`as_lists` without turning ids into strings and back."""
+        used = np.bincount(self.ids, minlength=len(self.vocab)) > 0
+        new_id = np.cumsum(used) - 1
+        flat = new_id[self.ids].tolist()
+        bounds = self.offsets.tolist()
+        vocab = {term: i for i, term in enumerate(t for t, keep in zip(self.vocab, used.tolist()) if keep)}
+        return [flat[bounds[i] : bounds[i + 1]] for i in range(len(self))], vocab
 
     def as_lists(self) -> List[List[str]]:
         """Every node's tokens as a list of strings (what bm25s indexes)."""
@@ -308,7 +322,7 @@ def build_snapshot(nodes: Sequence[BaseNode], tokens: Sequence[Sequence[str]], p
         bm25 = bm25s.BM25(k1=params.k1, b=params.b, method=params.method, backend="numpy")
         # create_empty_token=False: bm25s would otherwise add a "" term that is not in its score
         # matrix (and crash on an all-empty corpus).
-        bm25.index(packed.as_lists(), create_empty_token=False, show_progress=False)
+        bm25.index(packed.bm25s_corpus(), create_empty_token=False, show_progress=False)
     return BM25Snapshot(nodes=tuple(nodes), bm25=bm25, tie_order=_tie_order(nodes), tokens=packed)
 
 

@@ -113,10 +113,15 @@ def top_dense_positions(
     filter is (a highly selective filter costs up to one check per row). Returns
     ``(rows int64, similarities float32)``.
     """
+    scores = dense_similarities(matrix, query)
+    return top_rows(matrix, scores, top_k, filters)
+
+
+def dense_similarities(matrix: DenseMatrix, query: Sequence[float]) -> np.ndarray:
+    """The cosine similarity of ``query`` to every row (float32), as :func:`top_dense_positions` ranks them."""
     q = check_query_vector(query)
-    n = len(matrix)
-    if n == 0:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
+    if len(matrix) == 0:
+        return np.zeros(0, dtype=np.float32)
     if q.shape != (matrix.vectors.shape[1],):
         raise ValueError(f"query vector has shape {q.shape}; the index holds {matrix.vectors.shape[1]}-dimensional vectors")
     # Normalised in float64: scaled by the peak first (the norm of huge values cannot overflow),
@@ -126,7 +131,17 @@ def top_dense_positions(
     wide = wide / peak if peak > 0 else wide
     norm = float(np.linalg.norm(wide))
     with one_blas_thread():
-        scores = matrix.vectors @ (wide / norm if norm > 0 else wide).astype(np.float32)
+        return matrix.vectors @ (wide / norm if norm > 0 else wide).astype(np.float32)
+
+
+def top_rows(
+    matrix: DenseMatrix, scores: np.ndarray, top_k: int, filters: Optional[MetadataFilters] = None
+) -> Tuple[np.ndarray, np.ndarray]:
+    """The ``top_k`` rows of ``scores`` (one per matrix row) passing ``filters``, best first, ties
+    by row; returns ``(rows int64, scores)``."""
+    n = len(matrix)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
     if filters is None:
         k = min(top_k, n)
         head = np.argpartition(-scores, k - 1)[:k] if k < n else np.arange(n)

@@ -7,13 +7,16 @@ index (local mode: BM25 and the in-memory dense matrix share node positions) the
 on position and score arrays (:func:`fuse_positions`) and only the ``similarity_top_k`` results
 become node objects. The answers are the generic retriever's (same ids, order and scores, tested).
 
+``mode="feedback"`` (the default of ``HybridIndex.as_retriever("hybrid")``) needs the index's
+vectors and so exists only here: see :class:`~llama_index_retrieval_kit.retrievers.fusion.IndexFusion`.
+
 (Formerly ``llama_index_retrieval_kit.indices.fused_retriever``, which still imports as this module.)
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 from llama_index.core.base.base_retriever import BaseRetriever
@@ -22,23 +25,55 @@ from llama_index.core.callbacks.base import CallbackManager
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from ..tracing import NO_LAPS, Laps, trace_index_fusion, tracing_enabled
-from .bm25 import BM25Retriever, top_bm25_positions
+from .bm25 import BM25Retriever, BM25Snapshot, top_bm25_positions
 from .checks import CheckedQueryMixin, check_positive_int, check_query_text
-from .exact_dense import DenseMatrix, query_embedding, top_dense_positions
+from .exact_dense import DenseMatrix, dense_similarities, query_embedding, top_rows
 from .fusion import (
+    DEFAULT_FEEDBACK_WEIGHTS,
     DEFAULT_RRF_K,
-    FUSION_MODES,
+    FEEDBACK_TOP_M,
     FusedNodeWithScore,
+    IndexFusion,
     check_rrf_k,
     check_weights,
     fuse_checked_positions,
+    fuse_exact_scores,
 )
 from .node_copy import copy_node
 
 logger = logging.getLogger(__name__)
 
 LEG_NAMES = ("bm25", "dense")
+FEEDBACK_LEG = "feedback"
 _BM25, _DENSE = LEG_NAMES
+
+
+def bm25_scores(snapshot: BM25Snapshot, query_tokens: List[str]) -> np.ndarray:
+    """The exact BM25 score of every node of ``snapshot`` for a tokenized query (0 without a known term)."""
+    bm25 = snapshot.bm25
+    term_ids = [] if bm25 is None else [bm25.vocab_dict[t] for t in query_tokens if t in bm25.vocab_dict]
+    if not term_ids:
+        return np.zeros(len(snapshot.nodes), dtype=np.float64)
+    return np.asarray(bm25.get_scores_from_ids(term_ids), dtype=np.float64)
+
+
+def feedback_weights(weights: Optional[Sequence[float]]) -> List[float]:
+    """The three weights ``[bm25, dense, feedback]`` of :class:`IndexFusion.FEEDBACK`: the default
+    (0.3 / 0.3 / 0.4), three given ones, or two ``[bm25, dense]`` that split the default's
+    non-feedback share (0.6) in their ratio, the feedback leg keeping 0.4 (``[1, 1]`` is the default)."""
+    if weights is None:
+        return list(DEFAULT_FEEDBACK_WEIGHTS)
+    if len(weights) == 2:
+        bm25, dense = check_weights(2, weights)
+        share = DEFAULT_FEEDBACK_WEIGHTS[0] + DEFAULT_FEEDBACK_WEIGHTS[1]
+        total = bm25 + dense
+        return [share * bm25 / total, share * dense / total, DEFAULT_FEEDBACK_WEIGHTS[2]] if total > 0 else [0.0, 0.0, DEFAULT_FEEDBACK_WEIGHTS[2]]
+    if len(weights) != 3:
+        raise ValueError(
+            f"weights has {len(weights)} entries ({list(weights)!r}); the feedback fusion of mode='hybrid' takes "
+            "[bm25, dense] or [bm25, dense, feedback] (default [0.3, 0.3, 0.4])"
+        )
+    return check_weights(3, weights)
 
 
 class FusedIndexRetriever(CheckedQueryMixin, BaseRetriever):
@@ -46,7 +81,10 @@ class FusedIndexRetriever(CheckedQueryMixin, BaseRetriever):
 
     Built by ``HybridIndex.as_retriever`` for the fused modes; results are
     :class:`FusedNodeWithScore` copies carrying each leg's rank and raw score under ``"bm25"``
-    and ``"dense"``, exactly as :class:`HybridRetriever` over the two leg retrievers returns them.
+    and ``"dense"`` (and ``"feedback"`` in ``mode="feedback"``: rank in the feedback query's top
+    ``candidate_top_k`` and cosine to it), where that leg's top ``candidate_top_k`` holds the node.
+    In ``"score"`` and ``"rrf"`` mode exactly as :class:`HybridRetriever` over the two leg
+    retrievers returns them.
     """
 
     def __init__(
@@ -54,7 +92,7 @@ class FusedIndexRetriever(CheckedQueryMixin, BaseRetriever):
         bm25: BM25Retriever,
         dense_matrix: Callable[[object], DenseMatrix],
         embed_model: BaseEmbedding,
-        mode: str = "score",
+        mode: str = "feedback",
         rrf_k: float = DEFAULT_RRF_K,
         weights: Optional[Sequence[float]] = None,
         candidate_top_k: int = 100,
@@ -66,29 +104,33 @@ class FusedIndexRetriever(CheckedQueryMixin, BaseRetriever):
         bm25: The BM25 retriever (view) of the index, with the query's filters.
         dense_matrix: Returns the dense matrix aligned with a given BM25 snapshot.
         embed_model: Embeds the query (unless the QueryBundle carries an embedding).
-        mode: ``"score"`` (normalised score fusion) or ``"rrf"``.
-        rrf_k, weights: As in :func:`reciprocal_rank_fusion` / :func:`score_fusion`.
-        candidate_top_k: Candidates per leg (>= similarity_top_k).
+        mode: An :class:`IndexFusion` (``"feedback"``, ``"score"`` or ``"rrf"``).
+        rrf_k: As in :func:`reciprocal_rank_fusion` (``"rrf"`` only).
+        weights: Per leg, ``[bm25, dense]``; default equal. ``"feedback"`` mode: see
+            :func:`feedback_weights` (default 0.3 / 0.3 / 0.4 for bm25 / dense / feedback).
+        candidate_top_k: Candidates per leg (raised to similarity_top_k if below).
         similarity_top_k: Number of fused results.
         """
         super().__init__(callback_manager=callback_manager, verbose=verbose)
-        if mode not in FUSION_MODES:
-            raise ValueError(f"mode {mode!r} is not supported; use one of {FUSION_MODES}")
+        fusion = IndexFusion.from_str(mode)
         check_positive_int("similarity_top_k", similarity_top_k)
         check_positive_int("candidate_top_k", candidate_top_k)
         self._bm25 = bm25
         self._dense_matrix = dense_matrix
         self._embed_model = embed_model
-        self._mode = mode
+        self._mode = fusion.value
         self._rrf_k = check_rrf_k(rrf_k)
-        self._weights = check_weights(2, weights)
+        if fusion is IndexFusion.FEEDBACK:
+            self._weights = feedback_weights(weights)
+        else:
+            self._weights = check_weights(2, weights)
         self._depth = max(candidate_top_k, similarity_top_k)
         self._similarity_top_k = similarity_top_k
 
     @property
     def names(self) -> List[str]:
         """The leg names, in leg order."""
-        return list(LEG_NAMES)
+        return [*LEG_NAMES, FEEDBACK_LEG] if self._mode == IndexFusion.FEEDBACK.value else list(LEG_NAMES)
 
     @property
     def similarity_top_k(self) -> int:
@@ -101,27 +143,56 @@ class FusedIndexRetriever(CheckedQueryMixin, BaseRetriever):
         embedding = query_embedding(query_bundle, self._embed_model)
         filters = self._bm25.filters
         laps.mark("embed")
-        sparse = top_bm25_positions(snapshot, self._bm25.tokenize(check_query_text(query_bundle.query_str)), self._depth, filters)
+        tokens = self._bm25.tokenize(check_query_text(query_bundle.query_str))
+        sparse = top_bm25_positions(snapshot, tokens, self._depth, filters)
         laps.mark(_BM25)
-        rows, similarities = top_dense_positions(matrix, embedding, self._depth, filters)
-        dense = (rows, similarities.astype(np.float64))
+        similarities = dense_similarities(matrix, embedding)
+        rows, top_similarities = top_rows(matrix, similarities, self._depth, filters)
+        dense = (rows, top_similarities.astype(np.float64))
         laps.mark(_DENSE)
-        positions, fused, ranks, raw = fuse_checked_positions(
-            [sparse, dense], snapshot.tie_order, self._mode, self._rrf_k, self._weights, self._similarity_top_k
-        )
+        legs = {_BM25: sparse, _DENSE: dense}
+        if self._mode == IndexFusion.FEEDBACK.value:
+            positions, fused, ranks, raw = self._feedback_fusion(snapshot, matrix, tokens, similarities, legs, laps)
+        else:
+            positions, fused, ranks, raw = fuse_checked_positions(
+                [sparse, dense], snapshot.tie_order, self._mode, self._rrf_k, self._weights, self._similarity_top_k
+            )
         nodes = snapshot.nodes
+        names = list(legs)
         out: List[NodeWithScore] = []
-        for pos, score, (bm25_rank, dense_rank), (bm25_raw, dense_raw) in zip(
-            positions.tolist(), fused.tolist(), ranks.T.tolist(), raw.T.tolist()
-        ):
-            leg_ranks, leg_scores = {}, {}
-            if bm25_rank:
-                leg_ranks[_BM25], leg_scores[_BM25] = bm25_rank, bm25_raw
-            if dense_rank:
-                leg_ranks[_DENSE], leg_scores[_DENSE] = dense_rank, dense_raw
+        for pos, score, leg_rank_row, leg_raw_row in zip(positions.tolist(), fused.tolist(), ranks.T.tolist(), raw.T.tolist()):
+            leg_ranks = {leg: rank for leg, rank in zip(names, leg_rank_row) if rank}
+            leg_scores = {leg: value for leg, rank, value in zip(names, leg_rank_row, leg_raw_row) if rank}
             out.append(FusedNodeWithScore(node=copy_node(nodes[pos]), score=score, leg_ranks=leg_ranks, leg_scores=leg_scores))
-        logger.debug("fused %d bm25 + %d dense candidates into %d results", len(sparse[0]), len(rows), len(out))
+        logger.debug("fused %s candidates into %d results", {leg: len(p) for leg, (p, _) in legs.items()}, len(out))
         if laps.on:
             laps.mark("fusion")
-            trace_index_fusion(self, query_bundle, nodes, {_BM25: sparse, _DENSE: dense}, out, laps)
+            trace_index_fusion(self, query_bundle, nodes, legs, out, laps)
         return out
+
+    def _feedback_fusion(
+        self,
+        snapshot: BM25Snapshot,
+        matrix: DenseMatrix,
+        tokens: List[str],
+        similarities: np.ndarray,
+        legs: Dict[str, Tuple[np.ndarray, np.ndarray]],
+        laps: Laps,
+    ) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """:class:`IndexFusion.FEEDBACK`: a first z-scored fusion of the two legs picks the
+        feedback query (the mean vector of its best ``FEEDBACK_TOP_M`` chunks); that query's top
+        ``depth`` is the third leg (added to ``legs``); all three fused by :func:`fuse_exact_scores`."""
+        exact_bm25 = bm25_scores(snapshot, tokens)
+        exact_dense = similarities.astype(np.float64)
+        two = [(legs[_BM25][0], exact_bm25), (legs[_DENSE][0], exact_dense)]
+        seeds, _, _, _ = fuse_exact_scores(two, snapshot.tie_order, self._weights[:2], FEEDBACK_TOP_M)
+        if seeds.size:
+            feedback_all = dense_similarities(matrix, matrix.vectors[seeds].mean(axis=0)).astype(np.float64)
+            feedback_rows, feedback_top = top_rows(matrix, feedback_all, self._depth, self._bm25.filters)
+        else:  # no candidate at all (an empty index, or nothing passes the filters)
+            feedback_all, feedback_rows, feedback_top = exact_dense, np.zeros(0, np.int64), np.zeros(0, np.float64)
+        legs[FEEDBACK_LEG] = (feedback_rows, feedback_top)
+        laps.mark(FEEDBACK_LEG)
+        return fuse_exact_scores(
+            [*two, (feedback_rows, feedback_all)], snapshot.tie_order, self._weights, self._similarity_top_k
+        )

@@ -1,4 +1,5 @@
-"""Rank fusion of several ranked result lists: reciprocal rank fusion and normalised score fusion.
+"""Rank fusion of several ranked result lists: reciprocal rank fusion, normalised score fusion,
+and (over one index's arrays) z-scored exact-score fusion with a feedback leg.
 
 Both functions are pure: they never change the ``NodeWithScore`` objects or nodes they are given.
 They return new :class:`FusedNodeWithScore` objects that point at the same node objects and record,
@@ -21,10 +22,36 @@ import numpy as np
 from llama_index.core.bridge.pydantic import Field
 from llama_index.core.schema import BaseNode, NodeWithScore
 
+from .._enums import ChoiceEnum
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_RRF_K = 60.0
 FUSION_MODES = ("rrf", "score")
+
+#: ``IndexFusion.FEEDBACK`` defaults (chosen on SciFact train + NFCorpus train/dev only,
+#: benchmarks/default_fusion.py): legs ``[bm25, dense, feedback]``, each leg's depth, and how many
+#: of the first pass's best chunks make the feedback query.
+DEFAULT_FEEDBACK_WEIGHTS = (0.3, 0.3, 0.4)
+DEFAULT_FEEDBACK_DEPTH = 200
+FEEDBACK_TOP_M = 1
+
+
+class IndexFusion(ChoiceEnum):
+    """How ``FusedIndexRetriever`` fuses the legs of one index.
+
+    * ``feedback`` (the default of ``mode="hybrid"``): candidates = the union of the BM25 and
+      dense top ``depth``, every candidate scored exactly by both legs; the best chunk of a first
+      z-scored fusion becomes a second dense query (pseudo-relevance feedback in embedding space),
+      whose top ``depth`` join the candidates; final score :func:`fuse_exact_scores` of the three
+      legs, weights ``[bm25, dense, feedback]`` (default 0.3 / 0.3 / 0.4);
+    * ``score``: min-max score fusion of the two legs (:func:`score_fusion`; ``"hybrid_score"``);
+    * ``rrf``: reciprocal rank fusion of the two legs (:func:`reciprocal_rank_fusion`).
+    """
+
+    FEEDBACK = "feedback"
+    SCORE = "score"
+    RRF = "rrf"
 
 
 class FusedNodeWithScore(NodeWithScore):
@@ -326,6 +353,62 @@ def fuse_checked_positions(
         present = ranks[i] > 0
         best_rank[present] = np.minimum(best_rank[present], ranks[i, present])
     order = np.lexsort((id_order[candidates], best_rank, -fused))
+    if top_k is not None:
+        order = order[:top_k]
+    return candidates[order], fused[order], ranks[:, order], raw[:, order]
+
+
+def zscore(values: np.ndarray) -> np.ndarray:
+    """``(s - mean(s)) / sd(s)`` (population sd) in float64; all-equal values (sd 0) map to 0."""
+    wide = np.asarray(values, dtype=np.float64)
+    if wide.size == 0:
+        return wide
+    sd = float(wide.std())
+    return np.zeros_like(wide) if sd == 0 or not math.isfinite(sd) else (wide - wide.mean()) / sd
+
+
+def fuse_exact_scores(
+    legs: Sequence[Tuple[np.ndarray, np.ndarray]],
+    id_order: np.ndarray,
+    weights: Sequence[float],
+    top_k: Optional[int],
+) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Z-scored fusion of exact leg scores over the union of the legs' top lists.
+
+    Each leg is ``(top, scores)``: ``top`` the distinct positions the leg returned, best first,
+    and ``scores`` the leg's exact score of *every* position of the index (one entry per
+    position), so a candidate only one leg returned is still scored by all. Candidates =
+    the union of the ``top`` lists; ``fused(c) = sum_leg w_leg * z_leg(c) / sum(w)`` with
+    ``z_leg`` the leg's scores :func:`zscore`-d over the candidates (all-zero weights: 0).
+    Order: fused score (high first), the best rank in a positively weighted leg, ``id_order``
+    (the node id's rank), as :func:`fuse_checked_positions`.
+
+    Returns ``(positions, fused_scores, ranks, scores)`` best first, cut to ``top_k``; ``ranks``
+    and ``scores`` have one row per leg: the rank (from 1) and exact score where the leg's
+    ``top`` holds the candidate, rank 0 and NaN where it does not.
+    """
+    leg_weights = check_weights(len(legs), weights)
+    _check_top_k(top_k)
+    tops = [np.asarray(top, dtype=np.int64) for top, _ in legs]
+    candidates = np.unique(np.concatenate(tops)) if tops else np.zeros(0, np.int64)
+    n_legs, n = len(legs), candidates.size
+    total = math.fsum(leg_weights)
+    fused = np.zeros(n)
+    ranks = np.zeros((n_legs, n), dtype=np.int64)
+    raw = np.full((n_legs, n), np.nan)
+    for i, ((_, scores), top, w) in enumerate(zip(legs, tops, leg_weights)):
+        exact = np.asarray(scores, dtype=np.float64)[candidates]
+        if total > 0 and w > 0:
+            fused += (w / total) * zscore(exact)
+        at = np.searchsorted(candidates, top)
+        ranks[i, at] = np.arange(1, top.size + 1)
+        raw[i, at] = exact[at]
+    best_rank = np.full(n, np.inf)
+    for i, w in enumerate(leg_weights):
+        if w > 0:
+            present = ranks[i] > 0
+            best_rank[present] = np.minimum(best_rank[present], ranks[i, present])
+    order = np.lexsort((np.asarray(id_order)[candidates], best_rank, -fused))
     if top_k is not None:
         order = order[:top_k]
     return candidates[order], fused[order], ranks[:, order], raw[:, order]

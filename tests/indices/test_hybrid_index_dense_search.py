@@ -26,7 +26,7 @@ def test_memory_dense_search_ranks_like_qdrant(index: HybridIndex, bundles, top_
                 assert g.node.get_content() == w.node.get_content() and g.node.metadata == w.node.metadata
 
 
-@pytest.mark.parametrize("mode", ["hybrid", "hybrid_rrf"])
+@pytest.mark.parametrize("mode", ["hybrid_score", "hybrid_rrf"])  # "hybrid": test_hybrid_index_retrievers.py
 def test_auto_uses_memory_in_local_mode_and_fused_modes_agree(index: HybridIndex, bundles, mode: str) -> None:
     auto = index.as_retriever(mode, similarity_top_k=10)
     assert isinstance(auto, FusedIndexRetriever)

@@ -13,27 +13,31 @@ from llama_index.core import Settings, StorageContext
 from llama_index.core.llms import MockLLM
 from llama_index.core.retrievers import AutoMergingRetriever
 from llama_index.core.schema import QueryBundle
+from llama_index.core.vector_stores.types import MetadataFilter, MetadataFilters
 
 from llama_index_retrieval_kit.indices import RETRIEVER_MODES, HybridIndex
 from llama_index_retrieval_kit.node_parser import SectionHierarchyNodeParser
 from llama_index_retrieval_kit.retrievers import FusedNodeWithScore
+from llama_index_retrieval_kit.retrievers.fused_index import FusedIndexRetriever
 
 from . import _support
 
 
 @pytest.mark.parametrize("mode", ["hybrid", "hybrid_score", "hybrid_rrf"])
 def test_fused_results_carry_each_legs_rank_and_score(index: HybridIndex, bundles, mode: str) -> None:
+    depth = 200 if mode == "hybrid" else 100  # the default candidate_top_k of each fusion
+    legs_of_mode = {"bm25", "dense", "feedback"} if mode == "hybrid" else {"bm25", "dense"}
     for qb in bundles[:3]:
         legs = {
-            "bm25": index.as_retriever("sparse", similarity_top_k=100).retrieve(qb),
-            "dense": index.as_retriever("dense", similarity_top_k=100).retrieve(qb),
+            "bm25": index.as_retriever("sparse", similarity_top_k=depth).retrieve(qb),
+            "dense": index.as_retriever("dense", similarity_top_k=depth).retrieve(qb),
         }
         rank_of = {leg: {r.node.node_id: (rank, r.score) for rank, r in enumerate(res, 1)} for leg, res in legs.items()}
         results = index.as_retriever(mode, similarity_top_k=10).retrieve(qb)
         assert len(results) == 10
         for r in results:
             assert isinstance(r, FusedNodeWithScore)
-            assert r.leg_ranks and set(r.leg_ranks) <= {"bm25", "dense"} and set(r.leg_scores) == set(r.leg_ranks)
+            assert r.leg_ranks and set(r.leg_ranks) <= legs_of_mode and set(r.leg_scores) == set(r.leg_ranks)
             for leg in ("bm25", "dense"):
                 if r.node.node_id in rank_of[leg]:
                     assert (r.leg_ranks[leg], r.leg_scores[leg]) == pytest.approx(rank_of[leg][r.node.node_id], abs=1e-12)
@@ -41,9 +45,14 @@ def test_fused_results_carry_each_legs_rank_and_score(index: HybridIndex, bundle
                     assert leg not in r.leg_ranks
             if mode == "hybrid_rrf":  # RRF, k = 60, ranks from 1
                 assert r.score == pytest.approx(math.fsum(1 / (60 + k) for k in r.leg_ranks.values()), abs=1e-15)
-            else:  # score fusion, equal weights: mean of the legs' min-max normalised scores
+            elif mode == "hybrid_score":  # score fusion, equal weights: mean of the legs' min-max normalised scores
                 assert 0.0 <= r.score <= 1.0
         assert [r.score for r in results] == sorted((r.score for r in results), reverse=True)
+        if mode == "hybrid":  # the feedback leg: cosine to the first pass's best chunk, ranked by it
+            feedback = sorted((r.leg_ranks["feedback"], r.leg_scores["feedback"]) for r in results if "feedback" in r.leg_ranks)
+            assert feedback and [s for _, s in feedback] == sorted((s for _, s in feedback), reverse=True)
+            seed = [r for r in results if r.leg_ranks.get("feedback") == 1]
+            assert seed and seed[0].leg_scores["feedback"] == pytest.approx(1.0, abs=1e-5)  # the seed chunk itself
 
 
 @pytest.mark.parametrize("mode", RETRIEVER_MODES)
@@ -103,3 +112,34 @@ def test_hierarchical_parser_indexes_leaves_and_auto_merging_works(tmp_path: Pat
         assert isinstance(reopened.node_parser, SectionHierarchyNodeParser)
         assert reopened.node_parser.child_chunk_size == 64
         _support.assert_consistent(reopened)
+
+
+def test_hybrid_defaults_to_the_feedback_fusion_and_keeps_the_old_rule_as_hybrid_score(index: HybridIndex, bundles) -> None:
+    default = index.as_retriever("hybrid", similarity_top_k=10)
+    assert isinstance(default, FusedIndexRetriever) and default.names == ["bm25", "dense", "feedback"]
+    explicit = index.as_retriever("hybrid", similarity_top_k=10, candidate_top_k=200, weights=[0.3, 0.3, 0.4])
+    two_weights = index.as_retriever("hybrid", similarity_top_k=10, weights=[1.0, 1.0])  # feedback keeps 0.4
+    for qb in bundles[:5]:
+        want = _support.ranking(default.retrieve(qb))
+        _support.assert_same_ranking(_support.ranking(explicit.retrieve(qb)), want)
+        _support.assert_same_ranking(_support.ranking(two_weights.retrieve(qb)), want)
+    old = index.as_retriever("hybrid_score", similarity_top_k=10)
+    assert isinstance(old, FusedIndexRetriever) and old.names == ["bm25", "dense"]
+    # with the dense leg in Qdrant there are no vectors in memory to feed back: "hybrid" is "hybrid_score"
+    in_qdrant = index.as_retriever("hybrid", similarity_top_k=10, dense_search="qdrant")
+    score_in_qdrant = index.as_retriever("hybrid_score", similarity_top_k=10, dense_search="qdrant")
+    for qb in bundles[:3]:
+        _support.assert_same_ranking(_support.ranking(in_qdrant.retrieve(qb)), _support.ranking(score_in_qdrant.retrieve(qb)))
+    with pytest.raises(ValueError, match=r"weights has 4 entries .*\[bm25, dense\] or \[bm25, dense, feedback\]"):
+        index.as_retriever("hybrid", weights=[1.0, 1.0, 1.0, 1.0])
+    with pytest.raises(ValueError, match="weights must be finite and >= 0"):
+        index.as_retriever("hybrid", weights=[1.0, -1.0, 1.0])
+
+
+def test_feedback_fusion_respects_filters(index: HybridIndex, bundles) -> None:
+    doc_id = index.doc_ids()[0]
+    only = MetadataFilters(filters=[MetadataFilter(key="doc_id", value=doc_id)])
+    for qb in bundles[:3]:
+        results = index.as_retriever("hybrid", similarity_top_k=50, filters=only).retrieve(qb)
+        assert results and {r.node.metadata["doc_id"] for r in results} == {doc_id}
+        assert all(set(r.leg_ranks) <= {"bm25", "dense", "feedback"} for r in results)

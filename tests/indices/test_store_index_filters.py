@@ -153,6 +153,9 @@ def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 def test_push_to_creates_the_same_payload_indexes_and_the_server_filters_in_the_engine(index: HybridIndex, index_dir: Path, embed_model, bundles, server) -> None:
     want = {i: _support.run_modes(index, bundles[:3], modes=("qdrant_hybrid", "hybrid"), filters=f) for i, f in enumerate(ENGINE_FILTERS)}
+    for i, f in enumerate(ENGINE_FILTERS):  # a server's "hybrid" runs its dense leg in Qdrant: min-max score fusion there
+        hybrid = index.as_retriever("hybrid", filters=f, dense_search="qdrant")
+        want[i].update({("hybrid", qb.query_str): _support.ranking(hybrid.retrieve(qb)) for qb in bundles[:3]})
     embedded = index.store.payload_indexes  # the filtered keys' indexes, made by the queries above
     assert embedded["_masked.doc_id"] == IndexKind.KEYWORD and embedded["page_start"] == IndexKind.FLOAT
     assert embedded["section_title"] == IndexKind.KEYWORD and embedded["section_path"] == IndexKind.KEYWORD

@@ -250,3 +250,113 @@ def test_fuse_positions_rejects_bad_legs() -> None:
         fuse_positions([(np.array([1]), np.array([1.0]))], order, mode="max")
     empty = fuse_positions([(np.zeros(0, np.int64), np.zeros(0)), (np.zeros(0, np.int64), np.zeros(0))], order)
     assert all(len(a) == 0 or a.shape[-1] == 0 for a in empty)
+
+
+# ----- z-scored exact-score fusion (IndexFusion.FEEDBACK) ------------------------------------------
+
+from llama_index_retrieval_kit.retrievers.fusion import IndexFusion, fuse_exact_scores, zscore  # noqa: E402
+
+
+def test_zscore_known_answer_and_constant() -> None:
+    assert zscore(np.array([1.0, 2.0, 3.0])) == pytest.approx([-math.sqrt(1.5), 0.0, math.sqrt(1.5)])
+    assert zscore(np.array([4.0, 4.0])).tolist() == [0.0, 0.0]
+    assert zscore(np.zeros(0)).size == 0
+
+
+def test_fuse_exact_scores_known_answer() -> None:
+    # 5 positions; leg A returned [0, 1], leg B returned [3, 1]: candidates {0, 1, 3}, each scored
+    # exactly by both legs (position 3 by A too, although A did not return it)
+    a = np.array([3.0, 2.0, 9.0, 0.0, 9.0])
+    b = np.array([0.1, 0.5, 9.0, 0.9, 9.0])
+    ids = np.arange(5)
+    positions, fused, ranks, raw = fuse_exact_scores([(np.array([0, 1]), a), (np.array([3, 1]), b)], ids, [1.0, 3.0], None)
+    za, zb = zscore(a[[0, 1, 3]]), zscore(b[[0, 1, 3]])
+    want = {p: 0.25 * x + 0.75 * y for p, x, y in zip((0, 1, 3), za, zb)}
+    assert sorted(positions.tolist()) == [0, 1, 3]
+    assert dict(zip(positions.tolist(), fused.tolist())) == pytest.approx(want)
+    assert fused.tolist() == sorted(fused.tolist(), reverse=True)
+    by_pos = {p: (ranks[:, i].tolist(), raw[:, i].tolist()) for i, p in enumerate(positions.tolist())}
+    assert by_pos[1] == ([2, 2], [2.0, 0.5])
+    assert by_pos[0][0] == [1, 0] and by_pos[0][1][0] == 3.0 and math.isnan(by_pos[0][1][1])
+    assert by_pos[3][0] == [0, 1] and math.isnan(by_pos[3][1][0]) and by_pos[3][1][1] == 0.9
+
+
+def test_index_fusion_names_its_values() -> None:
+    assert IndexFusion.from_str("feedback") is IndexFusion.FEEDBACK
+    with pytest.raises(ValueError, match=r"unknown index fusion 'minmax'; allowed: 'feedback', 'score', 'rrf'"):
+        IndexFusion.from_str("minmax")
+
+
+@st.composite
+def exact_legs(draw: st.DrawFn) -> Tuple[List[Tuple[np.ndarray, np.ndarray]], List[float], np.ndarray]:
+    """2-3 legs over ``n`` positions: a distinct top list each, exact scores of every position."""
+    n = draw(st.integers(1, 12))
+    n_legs = draw(st.integers(2, 3))
+    finite = st.floats(-1e3, 1e3, allow_nan=False, allow_infinity=False)
+    legs = []
+    for _ in range(n_legs):
+        top = draw(st.lists(st.integers(0, n - 1), unique=True, max_size=n))
+        scores = np.array(draw(st.lists(finite, min_size=n, max_size=n)))
+        legs.append((np.array(top, dtype=np.int64), scores))
+    weights = draw(st.lists(st.floats(0, 5, allow_nan=False), min_size=n_legs, max_size=n_legs))
+    id_order = np.array(draw(st.permutations(range(n))), dtype=np.int64)
+    return legs, weights, id_order
+
+
+@settings(max_examples=300, deadline=None)
+@given(case=exact_legs(), top_k=st.none() | st.integers(1, 12), data=st.data())
+def test_fuse_exact_scores_follows_the_formula(case, top_k: Optional[int], data: st.DataObject) -> None:
+    legs, weights, id_order = case
+    positions, fused, ranks, raw = fuse_exact_scores(legs, id_order, weights, top_k)
+    union = sorted({int(p) for top, _ in legs for p in top})
+    assert len(positions) == (len(union) if top_k is None else min(top_k, len(union)))
+    assert set(positions.tolist()) <= set(union) and len(set(positions.tolist())) == len(positions)
+    total = math.fsum(weights)
+    # the formula, leg by leg over the candidate set, independently of the implementation
+    z = [dict(zip(union, zscore(scores[union]))) if union else {} for _, scores in legs]
+    for p, f in zip(positions.tolist(), fused.tolist()):
+        want = math.fsum(w / total * z_leg[p] for w, z_leg in zip(weights, z)) if total > 0 else 0.0
+        assert f == pytest.approx(want, abs=1e-9)
+    for i, (top, scores) in enumerate(legs):  # rank and raw score where the leg returned it
+        where = {int(p): r for r, p in enumerate(top.tolist(), 1)}
+        for j, p in enumerate(positions.tolist()):
+            assert ranks[i, j] == where.get(p, 0)
+            assert (math.isnan(raw[i, j]) if p not in where else raw[i, j] == scores[p])
+    assert all(a >= b - 1e-12 for a, b in zip(fused, fused[1:]))  # best first
+    # every candidate left out scores at most the last one kept
+    if top_k is not None and len(positions) == top_k and len(union) > top_k:
+        everything, all_fused, _, _ = fuse_exact_scores(legs, id_order, weights, None)
+        assert everything[:top_k].tolist() == positions.tolist()
+        assert all_fused[top_k:].max() <= fused[-1] + 1e-12
+
+
+@settings(max_examples=200, deadline=None)
+@given(case=exact_legs(), data=st.data())
+def test_fuse_exact_scores_is_independent_of_leg_order_and_scale(case, data: st.DataObject) -> None:
+    legs, weights, id_order = case
+    legs = [(top, np.round(scores)) for top, scores in legs]  # integer scores: the affine change below stays exact enough
+    base = fuse_exact_scores(legs, id_order, weights, None)
+    order = data.draw(st.permutations(range(len(legs))))
+    shuffled = fuse_exact_scores([legs[i] for i in order], id_order, [weights[i] for i in order], None)
+    assert shuffled[1] == pytest.approx(base[1], abs=1e-9)
+    # an affine change of one leg's scores (positive scale) leaves its z-scores and the fusion alone
+    scale = data.draw(st.floats(0.01, 100))
+    shift = data.draw(st.floats(-100, 100))
+    moved = [(legs[0][0], legs[0][1] * scale + shift), *legs[1:]]
+    assert fuse_exact_scores(moved, id_order, weights, None)[1] == pytest.approx(base[1], abs=1e-6)
+
+
+def test_fuse_exact_scores_inputs_not_mutated() -> None:
+    top, scores = np.array([2, 0]), np.array([1.0, 2.0, 3.0])
+    fuse_exact_scores([(top, scores), (np.array([1]), scores.copy())], np.arange(3), [1.0, 1.0], 2)
+    assert top.tolist() == [2, 0] and scores.tolist() == [1.0, 2.0, 3.0]
+
+
+def test_fuse_exact_scores_validation() -> None:
+    leg = (np.array([0]), np.array([1.0]))
+    with pytest.raises(ValueError, match="weights must be finite and >= 0"):
+        fuse_exact_scores([leg, leg], np.arange(1), [1.0, -1.0], None)
+    with pytest.raises(ValueError, match="expected one per leg"):
+        fuse_exact_scores([leg, leg], np.arange(1), [1.0], None)
+    with pytest.raises(ValueError, match="top_k must be None or an int >= 1"):
+        fuse_exact_scores([leg, leg], np.arange(1), [1.0, 1.0], 0)

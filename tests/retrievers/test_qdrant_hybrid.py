@@ -4,8 +4,9 @@
   ``BM25Retriever`` (bm25s, Lucene variant) on a freshly built index; after an upsert they differ
   only because the sparse vectors keep the ``avgdl`` frozen at build time (checked against an
   independent Lucene BM25 oracle with each avgdl).
-* Fusion: ``qdrant_hybrid`` and ``hybrid`` return the same candidates with the same RRF scores,
-  in the same order up to ties, at equal candidate depth.
+* Fusion: ``qdrant_hybrid`` and the mode it mirrors, ``hybrid_rrf`` (not the default ``hybrid``,
+  whose feedback fusion needs the vectors in memory and has no Qdrant Query API form), return the
+  same candidates with the same RRF scores, in the same order up to ties, at equal candidate depth.
 """
 
 from __future__ import annotations
