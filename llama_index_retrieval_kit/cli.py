@@ -683,7 +683,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     from .indices import HybridIndex
 
-    _out("\n== Hybrid index (BM25 + all-MiniLM-L6-v2 on Qdrant local mode, fused by normalised score fusion) ==")
+    _out("\n== Hybrid index (BM25 + all-MiniLM-L6-v2 in an embedded Qdrant Edge shard, hybrid fusion with a feedback leg) ==")
     with HybridIndex.from_documents(
         result.documents, out / "index", overwrite=True, show_progress=not args.quiet
     ) as index:
