@@ -26,7 +26,8 @@ only when they are first read. When the only listeners are plain :class:`TraceCo
 directly and build no event (nobody else could see one); any other handler on the chain (an
 ordinary or OpenInference-style handler) gets every :class:`StageTraceEvent` and
 :class:`NodesDroppedEvent` through ``dispatcher.event``. A collector makes the one-stage trace of
-a stage run outside any query when it is read.
+a stage run outside any query when it is read. A retrieval leg's ids are read from the index snapshot's id
+tuple (``BM25Snapshot.node_ids``): one look-up per id when the trace is written.
 
 JSON form (``response.metadata["trace"]``, the JSON lines, ``rkit query --json --trace``):
 :meth:`QueryTrace.to_dict`, a columnar layout marked ``"format": 2``: per stage and node list a
@@ -424,14 +425,17 @@ def _stage_dict(record: StageTrace, stages: Sequence[StageTrace], index: int) ->
     stage = values["stage"]
     out: Dict[str, Any] = {"stage": stage.value if isinstance(stage, Enum) else stage, "name": values["name"],
                            "component": values["component"], "query_str": values["query_str"]}
-    merged_from = _merged_from(values, stages, index) if "inputs" in values and stage == Stage.FUSION else None
+    merged_from = _merged_from(values, stages, index) if lazy is None and "inputs" in values and stage == Stage.FUSION else None
+    precede: Optional[bool] = None  # a lazy fusion record: whether its legs precede it (decided once)
     for key in ("inputs", "outputs", "dropped"):
         if key in values:
             out[key] = {"merged_from": merged_from} if merged_from and key != "outputs" else _columns_of_rows(values[key], key == "dropped")
             continue
         part = built.get(key, [])
         if isinstance(part, _Merged):
-            if _legs_precede(part.legs, stages, index):
+            if precede is None:
+                precede = _legs_precede(part.legs, stages, index)
+            if precede:
                 part = {"merged_from": [name for name, _ in part.legs]}
             else:  # the legs are not in this trace: written in full
                 part = _columns_of_rows(getattr(record, key), key == "dropped")
@@ -800,6 +804,15 @@ def _column(columns: Mapping[str, Any], key: str, n: int, where: str) -> Optiona
     return values
 
 
+_NESTED_COLUMNS = frozenset({"leg_ranks", "leg_scores", "source_ids"})
+
+
+def _fresh_columns(columns: Mapping[str, List[Any]]) -> Dict[str, List[Any]]:
+    """A copy of node columns: the lists, and the mappings / lists in them (as :func:`snapshot_columns` copies them)."""
+    return {k: [v if v is None else v.copy() for v in values] if k in _NESTED_COLUMNS else values.copy()
+            for k, values in columns.items()}
+
+
 def _rows_of_columns(columns: Any, drops: bool, where: str) -> List[Dict[str, Any]]:
     """The rows of a node (or dropped-node) list given as rows (format 1, or an empty list) or as columns (format 2)."""
     if isinstance(columns, list):
@@ -961,23 +974,25 @@ def _emit_lazy_fusion(component: str, query_str: Optional[str], leg_records: Map
     _emit(record, n_dropped, collectors, active_span_id.get())
 
 
-_NODE_ID = operator.attrgetter("id_")  # BaseNode.id_ (its node_id property, without the property call)
 
 
-def _array_leg_columns(nodes: Sequence[Any], positions: Any, scores: Any) -> Dict[str, Any]:
-    """An array leg's outputs: ``positions`` into ``nodes`` and their ``scores``, best first."""
+
+
+def _array_leg_columns(node_ids: Sequence[str], positions: Any, scores: Any) -> Dict[str, Any]:
+    """An array leg's outputs: ``positions`` into ``node_ids`` (the index snapshot's ids) and their ``scores``, best first."""
     if not len(positions):
         return {"outputs": []}
-    return {"outputs": {"node_id": list(map(_NODE_ID, map(nodes.__getitem__, positions.tolist()))), "score": scores.tolist()}}
+    return {"outputs": {"node_id": list(map(node_ids.__getitem__, positions.tolist())), "score": scores.tolist()}}
 
 
 # ------------------------------------------------------------------------------ stage hooks (called only when enabled)
 def trace_index_fusion(
-    retriever: Any, query: Any, nodes: Sequence[Any], legs: Mapping[str, Tuple[Any, Any]], fused: Sequence[NodeWithScore], laps: Laps
+    retriever: Any, query: Any, node_ids: Sequence[str], legs: Mapping[str, Tuple[Any, Any]], fused: Sequence[NodeWithScore], laps: Laps
 ) -> None:
     """Emit the leg and fusion records of a ``FusedIndexRetriever`` query.
 
-    ``legs``: per leg, its top positions into ``nodes`` and their scores, best first, as fresh
+    ``node_ids``: the index snapshot's node ids by position (``BM25Snapshot.node_ids``); ``legs``:
+    per leg, its top positions into them and their scores, best first, as fresh
     numpy arrays that nobody writes afterwards (the records keep them and read them when read).
     """
     query_str = _query_text(query)
@@ -987,7 +1002,7 @@ def trace_index_fusion(
     for name, (positions, scores) in legs.items():
         ms = laps.ms.get(name, 0.0) + (laps.ms.get("embed", 0.0) if name == "dense" else 0.0)
         records[name] = record = _lazy_record(Stage.RETRIEVAL_LEG, name, component, query_str, ms, _array_leg_columns,
-                                              (nodes, positions, scores), attributes={"candidate_top_k": retriever._depth})
+                                              (node_ids, positions, scores), attributes={"candidate_top_k": retriever._depth})
         _emit(record, 0, collectors, span_id)
     attributes = {"mode": retriever._mode, "similarity_top_k": retriever.similarity_top_k, "weights": list(retriever._weights)}
     if retriever._mode == "rrf":
@@ -1030,6 +1045,8 @@ async def atimed(awaitable: Any) -> Tuple[Any, float]:
 def _gate_columns(in_snap: Snapshot, out_snap: Snapshot, cutoff: Optional[float], conf: Optional[float],
                   threshold: Optional[float]) -> Dict[str, Any]:
     inputs = snapshot_columns(in_snap)
+    if out_snap is in_snap:  # the open gate passed every input on: nothing dropped
+        return {"inputs": inputs, "outputs": _fresh_columns(inputs), "dropped": []}
     outputs = snapshot_columns(out_snap)
     kept_ids = set(outputs["node_id"])
     drops = _Drops()

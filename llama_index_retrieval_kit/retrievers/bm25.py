@@ -294,6 +294,7 @@ class BM25Snapshot:
     bm25: Optional[bm25s.BM25]  # None when no node has a single term
     tie_order: np.ndarray  # position of each node id in sorted order (deterministic ties)
     tokens: Optional[PackedTokens]  # per node; None after loading an index saved without tokens
+    node_ids: Tuple[str, ...]  # nodes[i].node_id, read once per snapshot (traces name candidates by position)
 
 
 class _SharedIndex:
@@ -323,7 +324,13 @@ def build_snapshot(nodes: Sequence[BaseNode], tokens: Sequence[Sequence[str]], p
         # create_empty_token=False: bm25s would otherwise add a "" term that is not in its score
         # matrix (and crash on an all-empty corpus).
         bm25.index(packed.bm25s_corpus(), create_empty_token=False, show_progress=False)
-    return BM25Snapshot(nodes=tuple(nodes), bm25=bm25, tie_order=_tie_order(nodes), tokens=packed)
+    nodes = tuple(nodes)
+    return BM25Snapshot(nodes=nodes, bm25=bm25, tie_order=_tie_order(nodes), tokens=packed, node_ids=_node_ids(nodes))
+
+
+def _node_ids(nodes: Sequence[BaseNode]) -> Tuple[str, ...]:
+    """Each node's id, in order."""
+    return tuple(node.node_id for node in nodes)
 
 
 def _tie_order(nodes: Sequence[BaseNode]) -> np.ndarray:
@@ -740,6 +747,9 @@ class BM25Retriever(BaseRetriever):
             tokens = PackedTokens.load(folder)
             if len(tokens) != len(nodes):
                 raise ValueError(f"{folder}: {_TOKEN_IDS_FILE} holds tokens of {len(tokens)} nodes, expected {len(nodes)}")
-        retriever._shared = _SharedIndex(BM25Snapshot(nodes=tuple(nodes), bm25=bm25, tie_order=_tie_order(nodes), tokens=tokens))
+        nodes = tuple(nodes)
+        retriever._shared = _SharedIndex(
+            BM25Snapshot(nodes=nodes, bm25=bm25, tie_order=_tie_order(nodes), tokens=tokens, node_ids=_node_ids(nodes))
+        )
         logger.info("bm25 index with %d nodes loaded from %s", len(nodes), folder)
         return retriever

@@ -167,7 +167,7 @@ class FusedIndexRetriever(CheckedQueryMixin, BaseRetriever):
         logger.debug("fused %s candidates into %d results", {leg: len(p) for leg, (p, _) in legs.items()}, len(out))
         if laps.on:
             laps.mark("fusion")
-            trace_index_fusion(self, query_bundle, nodes, legs, out, laps)
+            trace_index_fusion(self, query_bundle, snapshot.node_ids, legs, out, laps)
         return out
 
     def _feedback_fusion(
