@@ -29,9 +29,18 @@ def settings_llm() -> Optional[Any]:
 
 def settings_node_parser() -> Optional[Any]:
     """``Settings.node_parser`` when the user set one, directly or through ``Settings.chunk_size`` /
-    ``Settings.chunk_overlap`` (which configure LlamaIndex's default ``SentenceSplitter``), else None."""
+    ``Settings.chunk_overlap`` (which configure LlamaIndex's default ``SentenceSplitter``), else None.
+
+    Reading ``Settings.node_parser`` (which LlamaIndex itself does, e.g. when a ``VectorStoreIndex``
+    is built) stores a ``SentenceSplitter()`` with LlamaIndex's defaults in that slot; a parser
+    equal to that default is therefore not taken as the user's choice (a user who wants exactly it
+    passes ``node_parser=SentenceSplitter()``)."""
     from llama_index.core import Settings
-    from llama_index.core.node_parser import NodeParser
+    from llama_index.core.node_parser import NodeParser, SentenceSplitter
 
     parser = getattr(Settings, "_node_parser", None)
-    return parser if isinstance(parser, NodeParser) else None
+    if not isinstance(parser, NodeParser):
+        return None
+    if type(parser) is SentenceSplitter and parser.to_dict() == SentenceSplitter().to_dict():
+        return None  # LlamaIndex's lazily built default, not a setting
+    return parser

@@ -358,13 +358,21 @@ def fuse_checked_positions(
     return candidates[order], fused[order], ranks[:, order], raw[:, order]
 
 
+#: Spreads at most this fraction of the values' magnitude are rounding, not information: equal
+#: values whose mean rounds (e.g. three times 0.95) have a standard deviation of ~1e-16.
+ZSCORE_RELATIVE_TIE = 1e-12
+
+
 def zscore(values: np.ndarray) -> np.ndarray:
-    """``(s - mean(s)) / sd(s)`` (population sd) in float64; all-equal values (sd 0) map to 0."""
+    """``(s - mean(s)) / sd(s)`` (population sd) in float64; values equal up to rounding (sd at most
+    ``ZSCORE_RELATIVE_TIE`` times their largest magnitude) map to 0."""
     wide = np.asarray(values, dtype=np.float64)
     if wide.size == 0:
         return wide
     sd = float(wide.std())
-    return np.zeros_like(wide) if sd == 0 or not math.isfinite(sd) else (wide - wide.mean()) / sd
+    if not math.isfinite(sd) or sd <= ZSCORE_RELATIVE_TIE * float(np.abs(wide).max()) or sd == 0:
+        return np.zeros_like(wide)
+    return (wide - wide.mean()) / sd
 
 
 def fuse_exact_scores(

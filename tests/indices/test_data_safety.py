@@ -363,6 +363,23 @@ def test_settings_node_parser_and_chunk_size_are_honoured(tmp_path: Path, embed_
         Settings._node_parser = None
 
 
+def test_llamaindex_reading_its_default_node_parser_does_not_change_our_chunking(tmp_path: Path, embed_model) -> None:
+    """Building a VectorStoreIndex reads Settings.node_parser, which stores LlamaIndex's default
+    SentenceSplitter in the slot: that is not the user's setting, so from_documents keeps our parser."""
+    from llama_index.core import Settings, VectorStoreIndex
+    from llama_index.core.embeddings import MockEmbedding
+    from llama_index.core.schema import TextNode
+
+    docs, _ = read_documents([_contracts(tmp_path) / "clientA"])
+    try:
+        VectorStoreIndex([TextNode(text="x")], embed_model=MockEmbedding(embed_dim=8))
+        assert Settings.node_parser is not None  # the slot is filled now (LlamaIndex's default)
+        with HybridIndex.from_documents(docs, tmp_path / "after_vector_index", embed_model=embed_model) as index:
+            assert type(index.node_parser).__name__ == "SectionWindowNodeParser"
+    finally:
+        Settings._node_parser = None
+
+
 def test_an_index_never_closed_releases_its_folder_quietly(index_dir: Path, embed_model) -> None:
     """Forgetting close() neither locks the folder forever nor prints a traceback at exit."""
     import gc

@@ -346,6 +346,17 @@ def test_fuse_exact_scores_is_independent_of_leg_order_and_scale(case, data: st.
     assert fuse_exact_scores(moved, id_order, weights, None)[1] == pytest.approx(base[1], abs=1e-6)
 
 
+def test_zscore_of_values_equal_up_to_rounding_is_zero() -> None:
+    # hypothesis found it: 0 * 1.0 + 0.95 three times; their float mean is not exactly 0.95, so the
+    # sd was ~1e-16 and the z-scores +-1 instead of 0
+    tied = np.zeros(3) * 1.0 + 0.95
+    assert zscore(tied).tolist() == [0.0, 0.0, 0.0]
+    assert zscore(np.array([1e6, 1e6, 1e6 * (1 + 1e-15)])).tolist() == [0.0, 0.0, 0.0]
+    assert zscore(np.array([1.0, 2.0, 3.0])) == pytest.approx([-1.224744871, 0.0, 1.224744871])
+    legs = [(np.array([], dtype=np.int64), tied), (np.array([0, 1, 2]), np.zeros(3))]
+    assert fuse_exact_scores(legs, np.arange(3), [1.0, 0.0], None)[1].tolist() == [0.0, 0.0, 0.0]
+
+
 def test_fuse_exact_scores_inputs_not_mutated() -> None:
     top, scores = np.array([2, 0]), np.array([1.0, 2.0, 3.0])
     fuse_exact_scores([(top, scores), (np.array([1]), scores.copy())], np.arange(3), [1.0, 1.0], 2)
