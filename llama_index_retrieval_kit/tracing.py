@@ -567,18 +567,8 @@ def _kind(cls: type) -> _Kind:
 
 def tracing_enabled() -> bool:
     """True when an event handler other than the passive defaults listens on this module's dispatcher chain."""
-    d: Any = dispatcher
-    kinds = _KINDS
-    while True:
-        for handler in d.event_handlers:
-            kind = kinds.get(type(handler))
-            if kind is None:
-                kind = _kind(type(handler))
-            if kind:
-                return True
-        if not d.propagate or d.name == d.root_name:
-            return False
-        d = d.parent
+    receivers = _receivers()
+    return receivers is None or bool(receivers)
 
 
 def _receivers() -> Optional[List[Any]]:

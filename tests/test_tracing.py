@@ -362,22 +362,26 @@ _node_lists = st.lists(
 )
 
 
+def _results_of(entries: List[Any], prefix: str) -> List[NodeWithScore]:
+    """Results from ``(score, leg ranks or None, pre-rerank rank or None)`` entries, ids ``prefix0``, ``prefix1``, ..."""
+    out = []
+    for i, (score, legs, pre) in enumerate(entries):
+        result = NodeWithScore(node=TextNode(id_=f"{prefix}{i}", text="t"), score=score)
+        if legs:
+            result.__dict__["leg_ranks"] = legs
+            result.__dict__["leg_scores"] = {leg: rank / 10 for leg, rank in legs.items()}
+        if pre is not None:
+            result.__dict__["pre_rerank_rank"] = pre
+        out.append(result)
+    return out
+
+
 @settings(max_examples=50, deadline=None)
 @given(_node_lists, _node_lists, st.data())
 def test_both_layouts_read_back_to_the_same_record(inputs: List[Any], outputs: List[Any], data: st.DataObject) -> None:
     """A gate record: its columnar form (from the snapshots) and its row form (model_dump) read back alike."""
 
-    def results(entries: List[Any], prefix: str) -> List[NodeWithScore]:
-        out = []
-        for i, (score, legs, pre) in enumerate(entries):
-            result = NodeWithScore(node=TextNode(id_=f"{prefix}{i}", text="t"), score=score)
-            if legs:
-                result.__dict__["leg_ranks"] = legs
-                result.__dict__["leg_scores"] = {leg: rank / 10 for leg, rank in legs.items()}
-            if pre is not None:
-                result.__dict__["pre_rerank_rank"] = pre
-            out.append(result)
-        return out
+    results = _results_of
 
     nodes = results(inputs, "n")
     kept = nodes[: data.draw(st.integers(0, len(nodes)))] + results(outputs, "m")
@@ -489,15 +493,7 @@ _legs = st.dictionaries(st.sampled_from(["bm25", "dense"]), st.integers(1, 50), 
 @settings(max_examples=50, deadline=None)
 @given(st.lists(st.tuples(st.one_of(st.none(), st.floats(-5, 5)), st.one_of(st.none(), _legs), st.one_of(st.none(), st.integers(1, 9)))))
 def test_a_snapshot_reads_as_the_results_did(entries: List[Any]) -> None:
-    results = []
-    for i, (score, legs, pre) in enumerate(entries):
-        result = NodeWithScore(node=TextNode(id_=f"n{i}", text="t"), score=score)
-        if legs:
-            result.__dict__["leg_ranks"] = legs
-            result.__dict__["leg_scores"] = {leg: rank / 10 for leg, rank in legs.items()}
-        if pre is not None:
-            result.__dict__["pre_rerank_rank"] = pre
-        results.append(result)
+    results = _results_of(entries, "n")
     assert tracing.from_snapshot(tracing.snapshot(results)) == tracing.traced_nodes(results)
 
 
