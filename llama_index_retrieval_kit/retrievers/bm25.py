@@ -362,11 +362,29 @@ def top_bm25_positions(
     are dropped; the rest are sorted by score (high first), then node id, and cut to ``top_k``.
     Returns ``(positions int64, scores float64)``, best first.
     """
+    positions, top_scores, _ = top_bm25_with_scores(snapshot, query_tokens, top_k, filters)
+    return positions, top_scores
+
+
+def bm25_scores(snapshot: BM25Snapshot, query_tokens: Sequence[str]) -> np.ndarray:
+    """The exact BM25 score of every node of ``snapshot`` for a tokenized query (float64; all 0
+    without a known query term)."""
+    return top_bm25_with_scores(snapshot, query_tokens, 1)[2]
+
+
+def top_bm25_with_scores(
+    snapshot: BM25Snapshot,
+    query_tokens: Sequence[str],
+    top_k: int,
+    filters: Optional[MetadataFilters] = None,
+) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`top_bm25_positions` plus every node's exact score from the same scoring pass
+    (:func:`bm25_scores`): ``(positions int64, top scores float64, all scores float64)``."""
     bm25 = snapshot.bm25
     term_ids = [] if bm25 is None else [bm25.vocab_dict[t] for t in query_tokens if t in bm25.vocab_dict]
     if not term_ids:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
-    scores = bm25.get_scores_from_ids(term_ids)
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64), np.zeros(len(snapshot.nodes), dtype=np.float64)
+    scores = np.asarray(bm25.get_scores_from_ids(term_ids), dtype=np.float64)
     if bm25.nonoccurrence_array is None:
         # A document without any query term scores exactly 0 here, so positive = matching.
         candidates = np.flatnonzero(scores > 0)
@@ -383,7 +401,7 @@ def top_bm25_positions(
         cut = np.partition(scores[candidates], candidates.size - top_k)[candidates.size - top_k]
         candidates = candidates[scores[candidates] >= cut]
     best = candidates[np.lexsort((snapshot.tie_order[candidates], -scores[candidates]))[:top_k]]
-    return best.astype(np.int64, copy=False), scores[best].astype(np.float64)
+    return best.astype(np.int64, copy=False), scores[best], scores
 
 
 def top_matches(

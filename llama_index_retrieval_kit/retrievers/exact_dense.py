@@ -22,7 +22,7 @@ from llama_index.core.schema import BaseNode, NodeWithScore, QueryBundle, QueryT
 from llama_index.core.vector_stores.types import MetadataFilters
 
 from .checks import check_positive_int, checked_query
-from .filters import filter_mask, validate_filters
+from .filters import filter_rows, validate_filters
 from .node_copy import copy_node
 
 logger = logging.getLogger(__name__)
@@ -103,26 +103,70 @@ class DenseMatrix:
         return len(self.nodes)
 
 
+#: A filtered dense search scores only the rows passing the filter (gathered into a block first)
+#: when they are at most this fraction of the matrix: gathering and scoring reads the passing rows
+#: about three times, the full matrix-vector product reads every row once.
+GATHER_FRACTION = 0.25
+
+
+@dataclass(frozen=True)
+class FilteredDense:
+    """One query's exact dense search space: the rows of ``matrix`` passing the filters.
+
+    Made once per query (:meth:`of`) and used for every query vector of it (the feedback leg's
+    second query reuses the gathered block). ``rows`` is ``None`` without filters (every row).
+    """
+
+    matrix: DenseMatrix
+    rows: Optional[np.ndarray]
+    block: np.ndarray
+
+    @classmethod
+    def of(cls, matrix: DenseMatrix, filters: Optional[MetadataFilters] = None) -> "FilteredDense":
+        """The rows of ``matrix`` passing ``filters`` (cached per index state and filter value,
+        :func:`~.filters.filter_rows`); gathered into a block when few (:data:`GATHER_FRACTION`)."""
+        if filters is None or len(matrix) == 0:
+            return cls(matrix, None, matrix.vectors)
+        rows = filter_rows(matrix.nodes, filters)
+        gather = rows.size <= GATHER_FRACTION * len(matrix)
+        return cls(matrix, rows, matrix.vectors[rows] if gather else matrix.vectors)
+
+    def similarities(self, unit_query: np.ndarray) -> np.ndarray:
+        """Cosine similarity of a unit-length float32 query (see :func:`unit_query`) to every row
+        (float32, one entry per matrix row; entries of rows failing the filter are unspecified:
+        ``-inf`` when only the passing rows were scored)."""
+        if len(self.matrix) == 0:
+            return np.zeros(0, dtype=np.float32)
+        with one_blas_thread():
+            if self.block is self.matrix.vectors:
+                return self.matrix.vectors @ unit_query
+            scores = np.full(len(self.matrix), -np.inf, dtype=np.float32)
+            scores[self.rows] = self.block @ unit_query
+            return scores
+
+    def top(self, scores: np.ndarray, top_k: int) -> Tuple[np.ndarray, np.ndarray]:
+        """The ``top_k`` passing rows of ``scores``, best first, ties by row (:func:`top_rows`)."""
+        return top_rows(self.matrix, scores, top_k, rows=self.rows)
+
+
 def top_dense_positions(
     matrix: DenseMatrix, query: Sequence[float], top_k: int, filters: Optional[MetadataFilters] = None
 ) -> Tuple[np.ndarray, np.ndarray]:
     """The ``top_k`` rows and cosine similarities for ``query``, best first, passing ``filters``.
 
-    Without filters: one matrix-vector product and a partial sort. With filters: rows are visited
-    in score order and checked until ``top_k`` pass, so the answer is exact however selective the
-    filter is (a highly selective filter costs up to one check per row). Returns
-    ``(rows int64, similarities float32)``.
+    Without filters: one matrix-vector product and a partial sort. With filters: only the rows
+    passing them are ranked (and, when few, only they are scored: :class:`FilteredDense`), so the
+    answer is exact however selective the filter is. Returns ``(rows int64, similarities float32)``.
     """
-    scores = dense_similarities(matrix, query)
-    return top_rows(matrix, scores, top_k, filters)
+    space = FilteredDense.of(matrix, filters)
+    return space.top(space.similarities(unit_query(matrix, query)), top_k)
 
 
-def dense_similarities(matrix: DenseMatrix, query: Sequence[float]) -> np.ndarray:
-    """The cosine similarity of ``query`` to every row (float32), as :func:`top_dense_positions` ranks them."""
+def unit_query(matrix: DenseMatrix, query: Sequence[float]) -> np.ndarray:
+    """``query`` checked (:func:`check_query_vector`, the matrix's dimension) and scaled to unit
+    length, as float32: cosine similarity = dot product with the matrix's unit rows."""
     q = check_query_vector(query)
-    if len(matrix) == 0:
-        return np.zeros(0, dtype=np.float32)
-    if q.shape != (matrix.vectors.shape[1],):
+    if len(matrix) and q.shape != (matrix.vectors.shape[1],):
         raise ValueError(f"query vector has shape {q.shape}; the index holds {matrix.vectors.shape[1]}-dimensional vectors")
     # Normalised in float64: scaled by the peak first (the norm of huge values cannot overflow),
     # and float32 subnormals are ordinary float64 numbers (no flush-to-zero surprises).
@@ -130,33 +174,43 @@ def dense_similarities(matrix: DenseMatrix, query: Sequence[float]) -> np.ndarra
     peak = float(np.abs(wide).max())
     wide = wide / peak if peak > 0 else wide
     norm = float(np.linalg.norm(wide))
-    with one_blas_thread():
-        return matrix.vectors @ (wide / norm if norm > 0 else wide).astype(np.float32)
+    return (wide / norm if norm > 0 else wide).astype(np.float32)
+
+
+def dense_similarities(matrix: DenseMatrix, query: Sequence[float]) -> np.ndarray:
+    """The cosine similarity of ``query`` to every row (float32), as :func:`top_dense_positions` ranks them."""
+    return FilteredDense.of(matrix).similarities(unit_query(matrix, query))
 
 
 def top_rows(
-    matrix: DenseMatrix, scores: np.ndarray, top_k: int, filters: Optional[MetadataFilters] = None
+    matrix: DenseMatrix,
+    scores: np.ndarray,
+    top_k: int,
+    filters: Optional[MetadataFilters] = None,
+    rows: Optional[np.ndarray] = None,
 ) -> Tuple[np.ndarray, np.ndarray]:
-    """The ``top_k`` rows of ``scores`` (one per matrix row) passing ``filters``, best first, ties
-    by row; returns ``(rows int64, scores)``."""
+    """The ``top_k`` rows of ``scores`` (one per matrix row) among ``rows`` (ascending positions;
+    default: those passing ``filters``, or every row), best first, ties by row; returns
+    ``(rows int64, scores)``."""
     n = len(matrix)
     if n == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
-    if filters is None:
+    if rows is None and filters is not None:
+        rows = filter_rows(matrix.nodes, filters)
+    if rows is None:
         k = min(top_k, n)
         head = np.argpartition(-scores, k - 1)[:k] if k < n else np.arange(n)
-        rows = head[np.argsort(-scores[head], kind="stable")]
+        best = head[np.argsort(-scores[head], kind="stable")]
     else:
-        # The rows passing the filter (mask cached per index state and filters), best first, ties
-        # by row: the first ``top_k`` of a stable sort of their scores.
-        candidates = np.flatnonzero(filter_mask(matrix.nodes, filters))
+        # The first ``top_k`` of a stable sort of the passing rows' scores (ties by row).
+        candidates = rows
         sub = scores[candidates]
         if top_k < candidates.size:
             cut = np.partition(sub, candidates.size - top_k)[candidates.size - top_k]
             keep = sub >= cut  # ties at the cut included, then ordered and cut below
             candidates, sub = candidates[keep], sub[keep]
-        rows = candidates[np.lexsort((candidates, -sub))][:top_k]
-    return rows.astype(np.int64, copy=False), scores[rows]
+        best = candidates[np.lexsort((candidates, -sub))][:top_k]
+    return best.astype(np.int64, copy=False), scores[best]
 
 
 def top_dense_matches(

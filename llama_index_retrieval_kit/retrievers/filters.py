@@ -121,24 +121,49 @@ def metadata_matches(metadata: Mapping[str, Any], filters: Optional[Union[Metada
 
 
 _MASK_CACHE_SIZE = 8
-_masks: "OrderedDict[Tuple[int, int], Tuple[Sequence[Any], MetadataFilters, np.ndarray]]" = OrderedDict()
+_masks: "OrderedDict[Tuple[int, str], Tuple[Sequence[Any], np.ndarray, np.ndarray]]" = OrderedDict()
 _masks_lock = threading.Lock()
 
 
-def filter_mask(nodes: Sequence[Any], filters: MetadataFilters) -> np.ndarray:
-    """``[metadata_matches(n.metadata, filters) for n in nodes]`` as a bool array, cached for the
-    last few ``(nodes, filters)`` objects (an index state's node tuple and a retriever's filters
-    do not change), so a filtered query costs one mask lookup instead of a check per candidate."""
-    key = (id(nodes), id(filters))
+def filters_key(filters: MetadataFilters) -> str:
+    """A value key of ``filters`` (its JSON form): equal filters share it whatever object holds
+    them, and changing a filter object changes its key."""
+    try:
+        return filters.model_dump_json()
+    except Exception:  # a value pydantic cannot serialise: its repr still tells filters apart
+        return repr(filters)
+
+
+def _cached_mask(nodes: Sequence[Any], filters: MetadataFilters) -> Tuple[np.ndarray, np.ndarray]:
+    """``(mask, rows)`` of ``filters`` over ``nodes``, from the cache of the last few index states
+    and filter values, or computed (one :func:`metadata_matches` per node) and cached."""
+    key = (id(nodes), filters_key(filters))
     with _masks_lock:
         hit = _masks.get(key)
-        if hit is not None and hit[0] is nodes and hit[1] is filters:
+        if hit is not None and hit[0] is nodes:
             _masks.move_to_end(key)
-            return hit[2]
+            return hit[1], hit[2]
     mask = np.fromiter((metadata_matches(n.metadata, filters) for n in nodes), dtype=bool, count=len(nodes))
+    rows = np.flatnonzero(mask).astype(np.int64, copy=False)
     mask.setflags(write=False)
+    rows.setflags(write=False)
     with _masks_lock:
-        _masks[key] = (nodes, filters, mask)
+        _masks[key] = (nodes, mask, rows)
         while len(_masks) > _MASK_CACHE_SIZE:
             _masks.popitem(last=False)
-    return mask
+    return mask, rows
+
+
+def filter_mask(nodes: Sequence[Any], filters: MetadataFilters) -> np.ndarray:
+    """``[metadata_matches(n.metadata, filters) for n in nodes]`` as a read-only bool array, cached
+    for the last few index states (the ``nodes`` tuple object, which an index state never changes)
+    and filter *values* (:func:`filters_key`): a retriever built per request with the same filter
+    costs one lookup instead of a check per node, and a filter object changed in place is not
+    answered from the cache of its old value."""
+    return _cached_mask(nodes, filters)[0]
+
+
+def filter_rows(nodes: Sequence[Any], filters: MetadataFilters) -> np.ndarray:
+    """The positions of the nodes passing ``filters``, ascending (``flatnonzero`` of
+    :func:`filter_mask`, cached with it; read-only int64)."""
+    return _cached_mask(nodes, filters)[1]

@@ -25,9 +25,10 @@ from llama_index.core.callbacks.base import CallbackManager
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from ..tracing import NO_LAPS, Laps, trace_index_fusion, tracing_enabled
-from .bm25 import BM25Retriever, BM25Snapshot, top_bm25_positions
+from .bm25 import BM25Retriever, BM25Snapshot, top_bm25_with_scores
+from .bm25 import bm25_scores  # noqa: F401  (re-exported: it was defined here before)
 from .checks import CheckedQueryMixin, check_positive_int, check_query_text
-from .exact_dense import DenseMatrix, dense_similarities, query_embedding, top_rows
+from .exact_dense import DenseMatrix, FilteredDense, one_blas_thread, query_embedding, unit_query
 from .fusion import (
     DEFAULT_FEEDBACK_WEIGHTS,
     DEFAULT_RRF_K,
@@ -46,15 +47,6 @@ logger = logging.getLogger(__name__)
 LEG_NAMES = ("bm25", "dense")
 FEEDBACK_LEG = "feedback"
 _BM25, _DENSE = LEG_NAMES
-
-
-def bm25_scores(snapshot: BM25Snapshot, query_tokens: List[str]) -> np.ndarray:
-    """The exact BM25 score of every node of ``snapshot`` for a tokenized query (0 without a known term)."""
-    bm25 = snapshot.bm25
-    term_ids = [] if bm25 is None else [bm25.vocab_dict[t] for t in query_tokens if t in bm25.vocab_dict]
-    if not term_ids:
-        return np.zeros(len(snapshot.nodes), dtype=np.float64)
-    return np.asarray(bm25.get_scores_from_ids(term_ids), dtype=np.float64)
 
 
 def feedback_weights(weights: Optional[Sequence[float]]) -> List[float]:
@@ -144,19 +136,22 @@ class FusedIndexRetriever(CheckedQueryMixin, BaseRetriever):
         filters = self._bm25.filters
         laps.mark("embed")
         tokens = self._bm25.tokenize(check_query_text(query_bundle.query_str))
-        sparse = top_bm25_positions(snapshot, tokens, self._depth, filters)
+        sparse_top, sparse_scores, exact_bm25 = top_bm25_with_scores(snapshot, tokens, self._depth, filters)
+        sparse = (sparse_top, sparse_scores)
         laps.mark(_BM25)
-        similarities = dense_similarities(matrix, embedding)
-        rows, top_similarities = top_rows(matrix, similarities, self._depth, filters)
-        dense = (rows, top_similarities.astype(np.float64))
-        laps.mark(_DENSE)
-        legs = {_BM25: sparse, _DENSE: dense}
-        if self._mode == IndexFusion.FEEDBACK.value:
-            positions, fused, ranks, raw = self._feedback_fusion(snapshot, matrix, tokens, similarities, legs, laps)
-        else:
-            positions, fused, ranks, raw = fuse_checked_positions(
-                [sparse, dense], snapshot.tie_order, self._mode, self._rrf_k, self._weights, self._similarity_top_k
-            )
+        space = FilteredDense.of(matrix, filters)
+        with one_blas_thread():  # both dense passes of the query on one BLAS thread (see one_blas_thread)
+            similarities = space.similarities(unit_query(matrix, embedding))
+            rows, top_similarities = space.top(similarities, self._depth)
+            dense = (rows, top_similarities.astype(np.float64))
+            laps.mark(_DENSE)
+            legs = {_BM25: sparse, _DENSE: dense}
+            if self._mode == IndexFusion.FEEDBACK.value:
+                positions, fused, ranks, raw = self._feedback_fusion(snapshot, space, exact_bm25, similarities, legs, laps)
+            else:
+                positions, fused, ranks, raw = fuse_checked_positions(
+                    [sparse, dense], snapshot.tie_order, self._mode, self._rrf_k, self._weights, self._similarity_top_k
+                )
         nodes = snapshot.nodes
         names = list(legs)
         out: List[NodeWithScore] = []
@@ -173,22 +168,23 @@ class FusedIndexRetriever(CheckedQueryMixin, BaseRetriever):
     def _feedback_fusion(
         self,
         snapshot: BM25Snapshot,
-        matrix: DenseMatrix,
-        tokens: List[str],
+        space: FilteredDense,
+        exact_bm25: np.ndarray,
         similarities: np.ndarray,
         legs: Dict[str, Tuple[np.ndarray, np.ndarray]],
         laps: Laps,
     ) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """:class:`IndexFusion.FEEDBACK`: a first z-scored fusion of the two legs picks the
         feedback query (the mean vector of its best ``FEEDBACK_TOP_M`` chunks); that query's top
-        ``depth`` is the third leg (added to ``legs``); all three fused by :func:`fuse_exact_scores`."""
-        exact_bm25 = bm25_scores(snapshot, tokens)
+        ``depth`` is the third leg (added to ``legs``); all three fused by :func:`fuse_exact_scores`.
+        The legs' scores are read at candidates only, which all pass the filters."""
         exact_dense = similarities.astype(np.float64)
         two = [(legs[_BM25][0], exact_bm25), (legs[_DENSE][0], exact_dense)]
         seeds, _, _, _ = fuse_exact_scores(two, snapshot.tie_order, self._weights[:2], FEEDBACK_TOP_M)
         if seeds.size:
-            feedback_all = dense_similarities(matrix, matrix.vectors[seeds].mean(axis=0)).astype(np.float64)
-            feedback_rows, feedback_top = top_rows(matrix, feedback_all, self._depth, self._bm25.filters)
+            seed = unit_query(space.matrix, space.matrix.vectors[seeds].mean(axis=0))
+            feedback_all = space.similarities(seed).astype(np.float64)
+            feedback_rows, feedback_top = space.top(feedback_all, self._depth)
         else:  # no candidate at all (an empty index, or nothing passes the filters)
             feedback_all, feedback_rows, feedback_top = exact_dense, np.zeros(0, np.int64), np.zeros(0, np.float64)
         legs[FEEDBACK_LEG] = (feedback_rows, feedback_top)

@@ -402,21 +402,33 @@ def fuse_exact_scores(
     n_legs, n = len(legs), candidates.size
     total = math.fsum(leg_weights)
     fused = np.zeros(n)
-    ranks = np.zeros((n_legs, n), dtype=np.int64)
-    raw = np.full((n_legs, n), np.nan)
-    for i, ((_, scores), top, w) in enumerate(zip(legs, tops, leg_weights)):
-        exact = np.asarray(scores, dtype=np.float64)[candidates]
+    exact = []
+    for (_, scores), w in zip(legs, leg_weights):
+        leg_exact = np.asarray(scores, dtype=np.float64)[candidates]
+        exact.append(leg_exact)
         if total > 0 and w > 0:
-            fused += (w / total) * zscore(exact)
-        at = np.searchsorted(candidates, top)
-        ranks[i, at] = np.arange(1, top.size + 1)
-        raw[i, at] = exact[at]
-    best_rank = np.full(n, np.inf)
+            fused += (w / total) * zscore(leg_exact)
+    # Only candidates that can make the cut are ranked: those at least as good as the top_k-th
+    # fused score (ties at the cut kept for the tie-breaks below).
+    keep = np.arange(n)
+    if top_k is not None and top_k < n:
+        cut = np.partition(fused, n - top_k)[n - top_k]
+        keep = np.flatnonzero(fused >= cut)
+    ranks = np.zeros((n_legs, keep.size), dtype=np.int64)
+    raw = np.full((n_legs, keep.size), np.nan)
+    for i, top in enumerate(tops):
+        leg_rank = np.zeros(n, dtype=np.int64)
+        leg_rank[np.searchsorted(candidates, top)] = np.arange(1, top.size + 1)
+        ranks[i] = leg_rank[keep]
+        present = ranks[i] > 0
+        raw[i, present] = exact[i][keep[present]]
+    best_rank = np.full(keep.size, np.inf)
     for i, w in enumerate(leg_weights):
         if w > 0:
             present = ranks[i] > 0
             best_rank[present] = np.minimum(best_rank[present], ranks[i, present])
-    order = np.lexsort((np.asarray(id_order)[candidates], best_rank, -fused))
+    kept = candidates[keep]
+    order = np.lexsort((np.asarray(id_order)[kept], best_rank, -fused[keep]))
     if top_k is not None:
         order = order[:top_k]
-    return candidates[order], fused[order], ranks[:, order], raw[:, order]
+    return kept[order], fused[keep][order], ranks[:, order], raw[:, order]

@@ -191,3 +191,32 @@ def test_the_query_product_runs_on_one_blas_thread_and_restores_the_limit() -> N
     matrix = DenseMatrix.build([TextNode(text=str(i)) for i in range(50)], rng.standard_normal((50, 8)).astype(np.float32))
     rows, _ = top_dense_positions(matrix, matrix.vectors[3], 1)
     assert rows.tolist() == [3] and blas_threads() == before
+
+
+@pytest.mark.parametrize("every", [10, 3, 2, 1])
+def test_filtered_search_scores_only_the_passing_rows_when_few_and_answers_as_brute_force(every: int) -> None:
+    """A filter keeping 1 row in 10 (or 3) is answered from a gathered block of those rows only
+    (the other rows score -inf), one keeping half or all from the whole matrix; the top is the
+    brute-force filtered top either way, and a second query vector reuses the same space."""
+    from llama_index.core.vector_stores.types import MetadataFilter, MetadataFilters
+
+    from llama_index_retrieval_kit.retrievers.exact_dense import GATHER_FRACTION, FilteredDense, unit_query
+
+    rng = np.random.default_rng(every)
+    nodes = [TextNode(id_=f"n{i}", text=str(i), metadata={"bucket": i % every}) for i in range(300)]
+    vectors = rng.standard_normal((300, 8)).astype(np.float32)
+    matrix = DenseMatrix.build(nodes, vectors)
+    flt = MetadataFilters(filters=[MetadataFilter(key="bucket", value=0)])
+    space = FilteredDense.of(matrix, flt)
+    assert space.rows.tolist() == list(range(0, 300, every))
+    gathered = len(space.rows) <= GATHER_FRACTION * len(matrix)
+    assert (space.block is not matrix.vectors) == gathered and gathered == (every >= 10)
+    for query in (rng.standard_normal(8), vectors[7]):
+        scores = space.similarities(unit_query(matrix, query))
+        if gathered:
+            outside = np.setdiff1d(np.arange(300), space.rows)
+            assert np.isneginf(scores[outside]).all()
+        rows, top = space.top(scores, 12)
+        want_rows, want_scores = _oracle(nodes, vectors, np.asarray(query, np.float32), 12, flt)
+        assert rows.tolist() == want_rows
+        np.testing.assert_allclose(top, want_scores[want_rows], atol=1e-5)

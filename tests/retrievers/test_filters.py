@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from llama_index.core.vector_stores.types import FilterCondition, FilterOperator, MetadataFilter, MetadataFilters
@@ -84,3 +85,22 @@ def test_filter_mask_is_cached_per_nodes_and_filters_and_matches_metadata_matche
     other = nodes[:10]  # another index state (a new tuple): computed afresh
     assert filter_mask(other, flt).tolist() == [False] * 10
     assert not mask.flags.writeable
+
+
+def test_filter_mask_cache_is_keyed_by_the_filter_value_not_the_object() -> None:
+    """A retriever built per request with an equal filter hits the cache; a filter object changed
+    in place after a query is answered for its new value, never from the old value's mask."""
+    from llama_index.core.schema import TextNode
+
+    from llama_index_retrieval_kit.retrievers.filters import filter_mask, filter_rows, filters_key
+
+    nodes = tuple(TextNode(text=str(i), metadata={"tenant": f"t{i % 4}"}) for i in range(40))
+    first = MetadataFilters(filters=[MetadataFilter(key="tenant", value="t1")])
+    mask = filter_mask(nodes, first)
+    again = MetadataFilters(filters=[MetadataFilter(key="tenant", value="t1")])
+    assert filters_key(again) == filters_key(first) and filter_mask(nodes, again) is mask
+    assert filter_rows(nodes, again).tolist() == np.flatnonzero(mask).tolist() == list(range(1, 40, 4))
+    first.filters[0].value = "t2"  # changed in place
+    assert filters_key(first) != filters_key(again)
+    assert filter_rows(nodes, first).tolist() == list(range(2, 40, 4))
+    assert not filter_rows(nodes, first).flags.writeable
