@@ -992,12 +992,9 @@ def trace_index_fusion(
     for name, (positions, scores) in legs.items():
         ms = laps.ms.get(name, 0.0) + (laps.ms.get("embed", 0.0) if name == "dense" else 0.0)
         records[name] = record = _lazy_record(Stage.RETRIEVAL_LEG, name, component, query_str, ms, _array_leg_columns,
-                                              (node_ids, positions, scores), attributes={"candidate_top_k": retriever._depth})
+                                              (node_ids, positions, scores), attributes={"candidate_top_k": retriever.candidate_top_k})
         _emit(record, 0, collectors, span_id)
-    attributes = {"mode": retriever._mode, "similarity_top_k": retriever.similarity_top_k, "weights": list(retriever._weights)}
-    if retriever._mode == "rrf":
-        attributes["rrf_k"] = retriever._rrf_k
-    _emit_lazy_fusion(component, query_str, records, fused, laps.ms.get("fusion", 0.0), attributes,
+    _emit_lazy_fusion(component, query_str, records, fused, laps.ms.get("fusion", 0.0), retriever.fusion_attributes,
                       lambda: len(set().union(*(positions.tolist() for positions, _ in legs.values()))))
 
 
@@ -1009,14 +1006,11 @@ def trace_hybrid(
     query_str = _query_text(query)
     component = type(retriever).__name__
     records: Dict[str, StageTrace] = {}
-    for name, results, depth, ms in zip(retriever.names, leg_results, retriever._depths, leg_ms):
+    depths = retriever.candidate_depths
+    for name, results, depth, ms in zip(retriever.names, leg_results, depths, leg_ms):
         records[name] = record = leg_record(name, component, query_str, results, depth, ms)
         emit(record, n_dropped=0 if depth is None else max(0, len(results) - depth))
-    attributes = {"mode": retriever._mode, "similarity_top_k": retriever._similarity_top_k, "weights": list(retriever._weights)}
-    if retriever._mode == "rrf":
-        attributes["rrf_k"] = retriever._rrf_k
-    depths = retriever._depths
-    _emit_lazy_fusion(component, query_str, records, fused, fusion_ms, attributes,
+    _emit_lazy_fusion(component, query_str, records, fused, fusion_ms, retriever.fusion_attributes,
                       lambda: len({r.node.node_id for results, depth in zip(leg_results, depths) for r in results[:depth]}))
 
 

@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
 import os
 import sqlite3
 import threading
@@ -368,6 +369,21 @@ class HybridIndex:
         its methods, not this dict)."""
         return self._journal.manifest.to_json()
 
+    @property
+    def write_lock_timeout(self) -> Optional[float]:
+        """Seconds a write (upsert, delete) waits for another process's write to the same folder
+        before :class:`IndexWriteLockedError`: ``None`` means ``storage.DEFAULT_LOCK_TIMEOUT``
+        (60 s), 0 no wait, ``math.inf`` no limit. Threads of this process always wait for each other."""
+        return self._write_guard.timeout
+
+    @write_lock_timeout.setter
+    def write_lock_timeout(self, seconds: Optional[float]) -> None:
+        if seconds is not None and (
+            isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or math.isnan(seconds) or seconds < 0
+        ):
+            raise ValueError(f"write_lock_timeout must be None, a number of seconds >= 0 or math.inf, got {seconds!r}")
+        self._write_guard.timeout = None if seconds is None else float(seconds)
+
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_documents(
@@ -454,6 +470,7 @@ class HybridIndex:
                 index.close()  # release the Qdrant lock: the caller never gets this object
                 raise
         guard.retarget(storage / _storage.WRITE_LOCK)
+        guard.timeout = None  # the build's no-wait rule ends with the build: later writes wait as documented
         return index
 
     def _publish_build(self, storage: Path, qdrant_api_key: Optional[str]) -> None:

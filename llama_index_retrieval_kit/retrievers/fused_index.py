@@ -16,7 +16,7 @@ vectors and so exists only here: see :class:`~llama_index_retrieval_kit.retrieve
 from __future__ import annotations
 
 import logging
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 from llama_index.core.base.base_retriever import BaseRetriever
@@ -126,7 +126,22 @@ class FusedIndexRetriever(CheckedQueryMixin, BaseRetriever):
 
     @property
     def similarity_top_k(self) -> int:
+        """Number of fused results."""
         return self._similarity_top_k
+
+    @property
+    def candidate_top_k(self) -> int:
+        """Candidates per leg (``candidate_top_k``, raised to ``similarity_top_k`` if below)."""
+        return self._depth
+
+    @property
+    def fusion_attributes(self) -> Dict[str, Any]:
+        """The fusion's settings as a trace records them: ``mode`` (an :class:`IndexFusion`
+        value), ``similarity_top_k``, ``weights`` and, in ``"rrf"`` mode, ``rrf_k``."""
+        attributes: Dict[str, Any] = {"mode": self._mode, "similarity_top_k": self._similarity_top_k, "weights": list(self._weights)}
+        if self._mode == IndexFusion.RRF.value:
+            attributes["rrf_k"] = self._rrf_k
+        return attributes
 
     def _retrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
         laps = Laps() if tracing_enabled() else NO_LAPS
@@ -158,7 +173,7 @@ class FusedIndexRetriever(CheckedQueryMixin, BaseRetriever):
         for pos, score, leg_rank_row, leg_raw_row in zip(positions.tolist(), fused.tolist(), ranks.T.tolist(), raw.T.tolist()):
             leg_ranks = {leg: rank for leg, rank in zip(names, leg_rank_row) if rank}
             leg_scores = {leg: value for leg, rank, value in zip(names, leg_rank_row, leg_raw_row) if rank}
-            out.append(FusedNodeWithScore(node=copy_node(nodes[pos]), score=score, leg_ranks=leg_ranks, leg_scores=leg_scores))
+            out.append(FusedNodeWithScore.trusted(copy_node(nodes[pos]), score, leg_ranks, leg_scores))
         logger.debug("fused %s candidates into %d results", {leg: len(p) for leg, (p, _) in legs.items()}, len(out))
         if laps.on:
             laps.mark("fusion")

@@ -70,6 +70,20 @@ class FusedNodeWithScore(NodeWithScore):
     def class_name(cls) -> str:
         return "FusedNodeWithScore"
 
+    @classmethod
+    def trusted(
+        cls, node: BaseNode, score: float, leg_ranks: Dict[str, int], leg_scores: Dict[str, Optional[float]]
+    ) -> "FusedNodeWithScore":
+        """A result built from values valid by construction (a node object, a float, the two
+        dicts, which the result then owns), without pydantic's validation: the same object
+        ``FusedNodeWithScore(node=..., score=..., ...)`` makes, in half the time."""
+        result = cls.__new__(cls)
+        object.__setattr__(result, "__dict__", {"node": node, "score": score, "leg_ranks": leg_ranks, "leg_scores": leg_scores})
+        object.__setattr__(result, "__pydantic_fields_set__", {"node", "score", "leg_ranks", "leg_scores"})
+        object.__setattr__(result, "__pydantic_extra__", None)
+        object.__setattr__(result, "__pydantic_private__", None)
+        return result
+
 
 @dataclass
 class _Candidate:

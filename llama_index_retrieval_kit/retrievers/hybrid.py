@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.callbacks.base import CallbackManager
@@ -113,6 +113,25 @@ class HybridRetriever(CheckedQueryMixin, BaseRetriever):
     def names(self) -> List[str]:
         """The leg names, in leg order."""
         return list(self._names)
+
+    @property
+    def similarity_top_k(self) -> int:
+        """Number of fused results."""
+        return self._similarity_top_k
+
+    @property
+    def candidate_depths(self) -> List[Optional[int]]:
+        """Per leg, how many of its results are fused (None: all it returns)."""
+        return list(self._depths)
+
+    @property
+    def fusion_attributes(self) -> Dict[str, Any]:
+        """The fusion's settings as a trace records them: ``mode``, ``similarity_top_k``,
+        ``weights`` and, in ``"rrf"`` mode, ``rrf_k``."""
+        attributes: Dict[str, Any] = {"mode": self._mode, "similarity_top_k": self._similarity_top_k, "weights": list(self._weights)}
+        if self._mode == "rrf":
+            attributes["rrf_k"] = self._rrf_k
+        return attributes
 
     def _fuse(self, leg_results: Sequence[Sequence[NodeWithScore]]) -> List[NodeWithScore]:
         """Truncate each leg to its depth and fuse."""

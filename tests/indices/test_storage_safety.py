@@ -255,7 +255,8 @@ def test_a_write_waits_for_another_processes_lock_then_fails_clearly(index, inde
     other = FileLock(index_dir / ".write.lock")  # another open handle: what another process would hold
     other.acquire(0)
     try:
-        index._write_guard.timeout = 0.3
+        assert index.write_lock_timeout is None  # the default wait (60 s), also after from_documents
+        index.write_lock_timeout = 0.3
         with pytest.raises(IndexWriteLockedError, match="another process .* is writing to"):
             index.upsert(tiny_documents(n=1))
         with pytest.raises(IndexWriteLockedError):
@@ -265,6 +266,30 @@ def test_a_write_waits_for_another_processes_lock_then_fails_clearly(index, inde
     assert index.doc_ids() == before and manifest(index_dir)["pending"] is None
     index.delete(CHANGED_DOC)  # the lock is free again
     assert CHANGED_DOC not in index.doc_ids()
+
+
+def test_an_index_built_by_from_documents_waits_for_other_writers_like_a_loaded_one(tmp_path: Path, embed_model) -> None:
+    """The build takes the folder's lock without waiting; that rule ends with the build, so the
+    returned index's later writes wait for another process's write (regression: they failed at once)."""
+    built = HybridIndex.from_documents(tiny_documents(n=2), tmp_path / "built", embed_model=embed_model)
+    try:
+        assert built.write_lock_timeout is None
+        other = FileLock(tmp_path / "built" / ".write.lock")
+        other.acquire(0)
+        releaser = threading.Timer(0.5, other.release)
+        releaser.start()
+        started = time.perf_counter()
+        built.upsert(tiny_documents(prefix="later-", n=1))  # waits for the other writer, then writes
+        assert time.perf_counter() - started >= 0.4
+        releaser.join()
+        assert any(doc_id.startswith("later-") for doc_id in built.doc_ids())
+        for bad in (-1, float("nan"), "5", True):
+            with pytest.raises(ValueError, match="write_lock_timeout must be None, a number of seconds >= 0"):
+                built.write_lock_timeout = bad
+        built.write_lock_timeout = 0
+        assert built.write_lock_timeout == 0.0
+    finally:
+        built.close()
 
 
 def test_load_leaves_the_journal_of_a_write_running_elsewhere_alone(index_dir: Path, embed_model, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -68,3 +68,35 @@ def test_unknown_metadata_values_are_deep_copied() -> None:
     assert copied["tuple"] == ([1], "a") and copied["tuple"][0] is not original["tuple"][0]
     copied["tuple"][0].append(2)
     assert original["tuple"][0] == [1]
+
+
+@given(metadata=metadata_st)
+def test_copy_node_builds_what_pydantics_shallow_copy_builds(metadata: dict) -> None:
+    """The hand-built copy equals ``model_copy()`` in every pydantic slot (dict, fields-set, extra,
+    private), for the node classes an index holds, and owns its fields-set."""
+    from llama_index.core.schema import Document, IndexNode
+
+    for node in (
+        TextNode(id_="n1", text="t", metadata=metadata, start_char_idx=3, end_char_idx=9),
+        Document(id_="d1", text="doc", metadata=metadata),
+        IndexNode(id_="i1", text="index node", index_id="other", metadata=metadata),
+    ):
+        copied, reference = copy_node(node), node.model_copy()
+        assert type(copied) is type(node) and copied.model_dump() == reference.model_dump() == node.model_dump()
+        assert copied.__pydantic_extra__ == reference.__pydantic_extra__
+        assert copied.__pydantic_private__ == reference.__pydantic_private__
+        assert copied.__pydantic_fields_set__ == reference.__pydantic_fields_set__ | {"metadata"}
+        assert copied.__pydantic_fields_set__ is not node.__pydantic_fields_set__
+        assert copied.__dict__ is not node.__dict__ and copied.metadata is not node.metadata
+
+
+def test_trusted_fused_results_equal_validated_ones() -> None:
+    from llama_index_retrieval_kit.retrievers.fusion import FusedNodeWithScore
+
+    node = TextNode(id_="n1", text="t", metadata={"page": 2})
+    ranks, scores = {"bm25": 1, "dense": 4}, {"bm25": 3.5, "dense": 0.25}
+    trusted = FusedNodeWithScore.trusted(node, 0.75, ranks, scores)
+    checked = FusedNodeWithScore(node=node, score=0.75, leg_ranks=ranks, leg_scores=scores)
+    assert trusted == checked and trusted.model_dump() == checked.model_dump() and trusted.to_dict() == checked.to_dict()
+    assert trusted.__pydantic_fields_set__ == checked.__pydantic_fields_set__
+    assert trusted.get_content() == "t" and trusted.node_id == "n1"
