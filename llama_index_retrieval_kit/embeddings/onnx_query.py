@@ -177,6 +177,39 @@ def _fuse_transformer_ops(onnx_path: str, config: Any) -> None:
         logger.info("ONNX Runtime fusion skipped (%s: %s); using the plain export", type(exc).__name__, exc)
 
 
+#: How long (µs) an idle ONNX Runtime worker thread spins for the next operator of a query before
+#: it sleeps. Measured on two cores (benchmarks/busy_neighbour.py): 5-10 µs is as fast on an idle
+#: machine as ONNX Runtime's own spin count (within 3%); with another process keeping one core
+#: busy, that spin count (and 20 µs or more) made some rounds of queries 2-4x slower, 10 µs rarely.
+DEFAULT_ONNX_SPIN_US = 10
+
+
+def onnx_session_options(ort: Any, threads: int, spin_us: Optional[int]) -> Any:
+    """ONNX Runtime ``SessionOptions`` of the query path: all graph optimisations, ``threads``
+    intra-op threads (0: one per physical core, pinned by ONNX Runtime), inter-op threads never spin.
+
+    Intra-op worker threads between the operators of one run: ``spin_us=None`` spins ONNX
+    Runtime's own number of times, ``0`` sleeps at once (``session.intra_op.allow_spinning=0``),
+    ``n > 0`` spins at most ``n`` µs, then sleeps (``session.intra_op.spin_duration_us``; an ONNX
+    Runtime too old to know that key ignores it and spins its own number of times). Spinning
+    saves waking a sleeping thread for each of the graph's ~40 parallel operators (about 1 ms per
+    query here), but a thread that spins long counts as busy to the OS scheduler, which then
+    makes it share a core with a busy neighbour process in whole time slices. In every case the
+    threads stop spinning when the run returns (``session.force_spinning_stop``), so they never
+    take the cores from what runs next.
+    """
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.intra_op_num_threads = threads
+    options.log_severity_level = 3
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0" if spin_us == 0 else "1")
+    if spin_us:
+        options.add_session_config_entry("session.intra_op.spin_duration_us", str(int(spin_us)))
+    options.add_session_config_entry("session.force_spinning_stop", "1")
+    options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    return options
+
+
 class _NotFaster(str):
     """Why the ONNX path is off when the reason is only speed (an expected outcome: logged at INFO)."""
 
@@ -200,6 +233,13 @@ class FastHuggingFaceEmbedding(HuggingFaceEmbedding):
         default=1e-4, gt=0, description="Largest |difference| from PyTorch on probe texts for the ONNX path to be used."
     )
     onnx_threads: int = Field(default=0, ge=0, description="ONNX Runtime intra-op threads (0: one per core).")
+    onnx_spin_us: Optional[int] = Field(
+        default=DEFAULT_ONNX_SPIN_US,
+        ge=0,
+        description="Microseconds an ONNX Runtime worker thread spins for the next operator of a query before it "
+        "sleeps: short keeps one query fast without letting a busy neighbour process slow it down; 0: never "
+        "spin; None: ONNX Runtime's own spin count.",
+    )
     onnx_speed_check: bool = Field(
         default=True,
         description="On first use, time one-text queries in ONNX Runtime and PyTorch (interleaved, median of "
@@ -220,6 +260,7 @@ class FastHuggingFaceEmbedding(HuggingFaceEmbedding):
         onnx_cache_dir: Optional[str] = None,
         onnx_tolerance: float = 1e-4,
         onnx_threads: int = 0,
+        onnx_spin_us: Optional[int] = DEFAULT_ONNX_SPIN_US,
         onnx_speed_check: bool = True,
         **kwargs: Any,
     ) -> None:
@@ -229,6 +270,10 @@ class FastHuggingFaceEmbedding(HuggingFaceEmbedding):
             raise ValueError(f"onnx_tolerance must be > 0, got {onnx_tolerance!r}")
         if onnx_threads < 0:
             raise ValueError(f"onnx_threads must be >= 0 (0: one per core), got {onnx_threads!r}")
+        if onnx_spin_us is not None and (type(onnx_spin_us) is not int or onnx_spin_us < 0):
+            raise ValueError(
+                f"onnx_spin_us must be an int >= 0 (microseconds; 0: never spin) or None (ONNX Runtime's own), got {onnx_spin_us!r}"
+            )
         # HuggingFaceEmbedding hands unknown keyword arguments to SentenceTransformer: set ours, and
         # the BaseEmbedding fields its __init__ does not take (they come back from to_dict), after.
         base_fields = {k: kwargs.pop(k) for k in ("num_workers", "embeddings_cache") if k in kwargs}
@@ -239,6 +284,7 @@ class FastHuggingFaceEmbedding(HuggingFaceEmbedding):
         self.onnx_cache_dir = None if onnx_cache_dir is None else str(onnx_cache_dir)
         self.onnx_tolerance = onnx_tolerance
         self.onnx_threads = onnx_threads
+        self.onnx_spin_us = onnx_spin_us
         self.onnx_speed_check = bool(onnx_speed_check)
 
     @classmethod
@@ -256,6 +302,12 @@ class FastHuggingFaceEmbedding(HuggingFaceEmbedding):
     def onnx_active(self) -> bool:
         """Whether query embeddings come from ONNX Runtime (exports the model on first use)."""
         return self.query_backend == "onnx" and self._ensure_onnx()
+
+    @property
+    def onnx_session_options(self) -> Any:
+        """The ``SessionOptions`` of the running ONNX Runtime session, or None while it is not in use."""
+        session = self._session if self._onnx_state == "ready" else None
+        return None if session is None else session.get_session_options()
 
     def _onnx_embed(self, texts: List[str], prompt_name: Optional[str]) -> np.ndarray:
         prompt = (self._model.prompts or {}).get(prompt_name or "", "") or ""
@@ -330,17 +382,7 @@ class FastHuggingFaceEmbedding(HuggingFaceEmbedding):
         if not path.exists():
             logger.info("exporting %s to ONNX at %s (once)", self.model_name, path)
             _export_onnx(auto_model, self._input_names, sample, path)
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.intra_op_num_threads = self.onnx_threads
-        options.log_severity_level = 3
-        # Worker threads spin between the operators of one run (waking a sleeping thread for
-        # each of the graph's ~40 parallel operators costs about 1 ms per query here) but stop
-        # as soon as the run returns, so they never take the cores from what runs next (the
-        # BM25 leg, PyTorch embedding documents, other processes).
-        options.add_session_config_entry("session.intra_op.allow_spinning", "1")
-        options.add_session_config_entry("session.force_spinning_stop", "1")
-        options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+        options = onnx_session_options(ort, self.onnx_threads, self.onnx_spin_us)
         self._session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         # Check against PyTorch (batched there), one text at a time here: the way queries arrive.
         expected = np.asarray(super()._embed(list(_PROBES), prompt_name="query"), dtype=np.float32)

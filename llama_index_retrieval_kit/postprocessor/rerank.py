@@ -319,7 +319,14 @@ class _SentenceTransformersScorer:
         if weight_bytes > ONNX_MAX_WEIGHT_BYTES:
             return f"its weights ({weight_bytes / 1e9:.1f} GB) exceed ONNX's 2 GB single-file limit"
         from .._extras import missing_extra_error
-        from ..embeddings.onnx_query import ONNX_MODULES, default_cache_dir, import_onnxruntime, weights_fingerprint
+        from ..embeddings.onnx_query import (
+            DEFAULT_ONNX_SPIN_US,
+            ONNX_MODULES,
+            default_cache_dir,
+            import_onnxruntime,
+            onnx_session_options,
+            weights_fingerprint,
+        )
 
         missing = missing_extra_error("onnx=True", {"onnx": ONNX_MODULES})
         if missing is not None:
@@ -340,9 +347,9 @@ class _SentenceTransformersScorer:
         if not path.exists():
             logger.info("exporting reranker %s to ONNX at %s (once)", settings.model, path)
             export_sequence_classifier(self.hf_model, self._input_names, sample, path)
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.log_severity_level = 3
+        # The query path's session settings: short spinning, so a busy neighbour process cannot
+        # stretch a rerank by sharing a core with spinning worker threads (busy_neighbour.py).
+        options = onnx_session_options(ort, threads=0, spin_us=DEFAULT_ONNX_SPIN_US)
         self._session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         expected = self.cross_encoder.predict(
             list(_ONNX_PROBES), activation_fn=torch.nn.Identity(), convert_to_numpy=True, show_progress_bar=False

@@ -110,6 +110,9 @@ def test_torch_backend_and_missing_onnxruntime_fall_back_to_pytorch(
         ({"query_backend": "tensorrt"}, "query_backend must be 'onnx' or 'torch'"),
         ({"onnx_tolerance": 0}, "onnx_tolerance must be > 0"),
         ({"onnx_threads": -1}, "onnx_threads must be >= 0"),
+        ({"onnx_spin_us": -1}, r"onnx_spin_us must be an int >= 0 \(microseconds; 0: never spin\) or None .*got -1"),
+        ({"onnx_spin_us": 2.5}, "onnx_spin_us must be an int >= 0.*got 2.5"),
+        ({"onnx_spin_us": True}, "onnx_spin_us must be an int >= 0.*got True"),
     ],
 )
 def test_bad_settings_are_rejected(model_dir: str, kwargs, message) -> None:
@@ -124,6 +127,34 @@ def test_serialises_like_a_llamaindex_embedding(fast, cache_dir: Path) -> None:
     clone = FastHuggingFaceEmbedding.from_dict(data)
     assert clone.model_name == fast.model_name and clone.onnx_cache_dir == fast.onnx_cache_dir
     np.testing.assert_allclose(clone.get_query_embedding(QUERIES[0]), fast.get_query_embedding(QUERIES[0]), atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "kwargs, threads, allow_spinning, spin_duration_us",
+    [
+        ({}, 0, "1", "10"),  # the default: one thread per core, spinning at most 10 µs between operators
+        ({"onnx_threads": 1, "onnx_spin_us": 0}, 1, "0", ""),  # never spins: the duration is not set
+        ({"onnx_spin_us": None}, 0, "1", ""),  # ONNX Runtime's own spin count
+    ],
+)
+def test_session_runs_with_the_configured_threads_and_spinning(
+    model_dir: str, cache_dir: Path, reference, kwargs, threads: int, allow_spinning: str, spin_duration_us: str
+) -> None:
+    model = FastHuggingFaceEmbedding(model_name=model_dir, onnx_cache_dir=str(cache_dir), onnx_speed_check=False, **kwargs)
+    assert model.onnx_session_options is None  # no session before the first query
+    np.testing.assert_allclose(model.get_query_embedding(QUERIES[0]), reference.get_query_embedding(QUERIES[0]), atol=1e-5)
+    options = model.onnx_session_options  # what the live InferenceSession reports
+    assert options.intra_op_num_threads == threads
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == allow_spinning
+    if spin_duration_us:
+        assert options.get_session_config_entry("session.intra_op.spin_duration_us") == spin_duration_us
+    else:  # not set at all
+        with pytest.raises(RuntimeError, match="does not have configuration with key: session.intra_op.spin_duration_us"):
+            options.get_session_config_entry("session.intra_op.spin_duration_us")
+    assert options.get_session_config_entry("session.force_spinning_stop") == "1"  # never spins between queries
+    assert options.get_session_config_entry("session.inter_op.allow_spinning") == "0"
+    clone = FastHuggingFaceEmbedding.from_dict(model.to_dict())
+    assert (clone.onnx_threads, clone.onnx_spin_us) == (model.onnx_threads, model.onnx_spin_us)
 
 
 # ----------------------------------------------------------------------------------- query input
