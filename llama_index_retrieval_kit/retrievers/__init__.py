@@ -12,9 +12,12 @@ _EXPORTS = {
     "BM25TokenizerConfig": ".bm25",
     "DenseMatrix": ".exact_dense",
     "ExactDenseRetriever": ".exact_dense",
+    "FilteredDense": ".exact_dense",
     "metadata_matches": ".filters",
     "FusedIndexRetriever": ".fused_index",
     "FusedNodeWithScore": ".fusion",
+    "IndexFusion": ".fusion",
+    "fuse_exact_scores": ".fusion",
     "reciprocal_rank_fusion": ".fusion",
     "score_fusion": ".fusion",
     "HybridRetriever": ".hybrid",
@@ -26,8 +29,11 @@ __all__ = [
     "BM25TokenizerConfig",
     "DenseMatrix",
     "ExactDenseRetriever",
+    "FilteredDense",
+    "fuse_exact_scores",
     "FusedIndexRetriever",
     "FusedNodeWithScore",
+    "IndexFusion",
     "HybridRetriever",
     "metadata_matches",
     "QdrantHybridRetriever",
@@ -39,9 +45,9 @@ __getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
 
 if TYPE_CHECKING:  # the real imports, for type checkers and IDEs
     from .bm25 import BM25Retriever, BM25TokenizerConfig
-    from .exact_dense import DenseMatrix, ExactDenseRetriever
+    from .exact_dense import DenseMatrix, ExactDenseRetriever, FilteredDense
     from .filters import metadata_matches
     from .fused_index import FusedIndexRetriever
-    from .fusion import FusedNodeWithScore, reciprocal_rank_fusion, score_fusion
+    from .fusion import FusedNodeWithScore, IndexFusion, fuse_exact_scores, reciprocal_rank_fusion, score_fusion
     from .hybrid import HybridRetriever
     from .qdrant_hybrid import QdrantHybridRetriever
