@@ -69,6 +69,8 @@ from llama_index.core.instrumentation.span import active_span_id
 from llama_index.core.schema import NodeWithScore, QueryBundle
 from typing_extensions import Annotated, NotRequired, TypedDict
 
+from ._models import assemble
+
 try:  # not a declared dependency (several packages bring it): the standard library's json without it
     import orjson as _orjson
 except ImportError:  # pragma: no cover - depends on the environment (tests run both)
@@ -173,12 +175,7 @@ def _construct(cls: Any, values: Dict[str, Any], private: Optional[Dict[str, Any
     fields_set = _ALL_FIELDS_SET.get(cls)
     if fields_set is None:
         fields_set = _ALL_FIELDS_SET[cls] = set(_field_names(cls))
-    obj = cls.__new__(cls)
-    object.__setattr__(obj, "__dict__", values)
-    object.__setattr__(obj, "__pydantic_fields_set__", fields_set)
-    object.__setattr__(obj, "__pydantic_extra__", None)
-    object.__setattr__(obj, "__pydantic_private__", private)
-    return obj
+    return assemble(cls, values, fields_set, private=private)
 
 
 class StageTrace(BaseModel):

@@ -366,20 +366,14 @@ def top_bm25_positions(
     return positions, top_scores
 
 
-def bm25_scores(snapshot: BM25Snapshot, query_tokens: Sequence[str]) -> np.ndarray:
-    """The exact BM25 score of every node of ``snapshot`` for a tokenized query (float64; all 0
-    without a known query term)."""
-    return top_bm25_with_scores(snapshot, query_tokens, 1)[2]
-
-
 def top_bm25_with_scores(
     snapshot: BM25Snapshot,
     query_tokens: Sequence[str],
     top_k: int,
     filters: Optional[MetadataFilters] = None,
 ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`top_bm25_positions` plus every node's exact score from the same scoring pass
-    (:func:`bm25_scores`): ``(positions int64, top scores float64, all scores float64)``."""
+    """:func:`top_bm25_positions` plus every node's exact BM25 score from the same scoring pass
+    (all 0 without a known query term): ``(positions int64, top scores float64, all scores float64)``."""
     bm25 = snapshot.bm25
     term_ids = [] if bm25 is None else [bm25.vocab_dict[t] for t in query_tokens if t in bm25.vocab_dict]
     if not term_ids:

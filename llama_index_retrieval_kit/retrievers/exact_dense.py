@@ -146,7 +146,7 @@ class FilteredDense:
 
     def top(self, scores: np.ndarray, top_k: int) -> Tuple[np.ndarray, np.ndarray]:
         """The ``top_k`` passing rows of ``scores``, best first, ties by row (:func:`top_rows`)."""
-        return top_rows(self.matrix, scores, top_k, rows=self.rows)
+        return top_rows(self.matrix, scores, top_k, self.rows)
 
 
 def top_dense_positions(
@@ -177,26 +177,14 @@ def unit_query(matrix: DenseMatrix, query: Sequence[float]) -> np.ndarray:
     return (wide / norm if norm > 0 else wide).astype(np.float32)
 
 
-def dense_similarities(matrix: DenseMatrix, query: Sequence[float]) -> np.ndarray:
-    """The cosine similarity of ``query`` to every row (float32), as :func:`top_dense_positions` ranks them."""
-    return FilteredDense.of(matrix).similarities(unit_query(matrix, query))
-
-
 def top_rows(
-    matrix: DenseMatrix,
-    scores: np.ndarray,
-    top_k: int,
-    filters: Optional[MetadataFilters] = None,
-    rows: Optional[np.ndarray] = None,
+    matrix: DenseMatrix, scores: np.ndarray, top_k: int, rows: Optional[np.ndarray] = None
 ) -> Tuple[np.ndarray, np.ndarray]:
     """The ``top_k`` rows of ``scores`` (one per matrix row) among ``rows`` (ascending positions;
-    default: those passing ``filters``, or every row), best first, ties by row; returns
-    ``(rows int64, scores)``."""
+    None: every row), best first, ties by row; returns ``(rows int64, scores)``."""
     n = len(matrix)
     if n == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
-    if rows is None and filters is not None:
-        rows = filter_rows(matrix.nodes, filters)
     if rows is None:
         k = min(top_k, n)
         head = np.argpartition(-scores, k - 1)[:k] if k < n else np.arange(n)

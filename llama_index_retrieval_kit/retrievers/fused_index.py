@@ -26,7 +26,6 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from ..tracing import NO_LAPS, Laps, trace_index_fusion, tracing_enabled
 from .bm25 import BM25Retriever, BM25Snapshot, top_bm25_with_scores
-from .bm25 import bm25_scores  # noqa: F401  (re-exported: it was defined here before)
 from .checks import CheckedQueryMixin, check_positive_int, check_query_text
 from .exact_dense import DenseMatrix, FilteredDense, one_blas_thread, query_embedding, unit_query
 from .fusion import (
@@ -39,6 +38,7 @@ from .fusion import (
     check_weights,
     fuse_checked_positions,
     fuse_exact_scores,
+    fusion_attributes,
 )
 from .node_copy import copy_node
 
@@ -136,12 +136,9 @@ class FusedIndexRetriever(CheckedQueryMixin, BaseRetriever):
 
     @property
     def fusion_attributes(self) -> Dict[str, Any]:
-        """The fusion's settings as a trace records them: ``mode`` (an :class:`IndexFusion`
-        value), ``similarity_top_k``, ``weights`` and, in ``"rrf"`` mode, ``rrf_k``."""
-        attributes: Dict[str, Any] = {"mode": self._mode, "similarity_top_k": self._similarity_top_k, "weights": list(self._weights)}
-        if self._mode == IndexFusion.RRF.value:
-            attributes["rrf_k"] = self._rrf_k
-        return attributes
+        """The fusion's settings as a trace records them (:func:`~.fusion.fusion_attributes`;
+        ``mode`` is an :class:`IndexFusion` value)."""
+        return fusion_attributes(self._mode, self._similarity_top_k, self._weights, self._rrf_k)
 
     def _retrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
         laps = Laps() if tracing_enabled() else NO_LAPS
@@ -193,12 +190,12 @@ class FusedIndexRetriever(CheckedQueryMixin, BaseRetriever):
         feedback query (the mean vector of its best ``FEEDBACK_TOP_M`` chunks); that query's top
         ``depth`` is the third leg (added to ``legs``); all three fused by :func:`fuse_exact_scores`.
         The legs' scores are read at candidates only, which all pass the filters."""
-        exact_dense = similarities.astype(np.float64)
+        exact_dense = similarities  # float32, widened at the candidates by fuse_exact_scores
         two = [(legs[_BM25][0], exact_bm25), (legs[_DENSE][0], exact_dense)]
         seeds, _, _, _ = fuse_exact_scores(two, snapshot.tie_order, self._weights[:2], FEEDBACK_TOP_M)
         if seeds.size:
             seed = unit_query(space.matrix, space.matrix.vectors[seeds].mean(axis=0))
-            feedback_all = space.similarities(seed).astype(np.float64)
+            feedback_all = space.similarities(seed)
             feedback_rows, feedback_top = space.top(feedback_all, self._depth)
         else:  # no candidate at all (an empty index, or nothing passes the filters)
             feedback_all, feedback_rows, feedback_top = exact_dense, np.zeros(0, np.int64), np.zeros(0, np.float64)

@@ -16,13 +16,14 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 from llama_index.core.bridge.pydantic import Field
 from llama_index.core.schema import BaseNode, NodeWithScore
 
 from .._enums import ChoiceEnum
+from .._models import assemble
 
 logger = logging.getLogger(__name__)
 
@@ -77,12 +78,8 @@ class FusedNodeWithScore(NodeWithScore):
         """A result built from values valid by construction (a node object, a float, the two
         dicts, which the result then owns), without pydantic's validation: the same object
         ``FusedNodeWithScore(node=..., score=..., ...)`` makes, in half the time."""
-        result = cls.__new__(cls)
-        object.__setattr__(result, "__dict__", {"node": node, "score": score, "leg_ranks": leg_ranks, "leg_scores": leg_scores})
-        object.__setattr__(result, "__pydantic_fields_set__", {"node", "score", "leg_ranks", "leg_scores"})
-        object.__setattr__(result, "__pydantic_extra__", None)
-        object.__setattr__(result, "__pydantic_private__", None)
-        return result
+        values = {"node": node, "score": score, "leg_ranks": leg_ranks, "leg_scores": leg_scores}
+        return assemble(cls, values, {"node", "score", "leg_ranks", "leg_scores"})
 
 
 @dataclass
@@ -126,6 +123,15 @@ def check_rrf_k(k: float) -> float:
     if isinstance(k, bool) or not isinstance(k, (int, float)) or not math.isfinite(k) or k < 0:
         raise ValueError(f"RRF k must be a finite number >= 0, got {k!r}")
     return float(k)
+
+
+def fusion_attributes(mode: str, similarity_top_k: int, weights: Sequence[float], rrf_k: float) -> Dict[str, Any]:
+    """A fusion's settings as a trace records them: ``mode``, ``similarity_top_k``, ``weights``
+    and, in ``"rrf"`` mode, ``rrf_k``."""
+    attributes: Dict[str, Any] = {"mode": mode, "similarity_top_k": similarity_top_k, "weights": list(weights)}
+    if mode == "rrf":
+        attributes["rrf_k"] = rrf_k
+    return attributes
 
 
 def _check_top_k(top_k: Optional[int]) -> None:
@@ -418,7 +424,7 @@ def fuse_exact_scores(
     fused = np.zeros(n)
     exact = []
     for (_, scores), w in zip(legs, leg_weights):
-        leg_exact = np.asarray(scores, dtype=np.float64)[candidates]
+        leg_exact = np.asarray(scores)[candidates].astype(np.float64)  # indexed first: the array spans the index
         exact.append(leg_exact)
         if total > 0 and w > 0:
             fused += (w / total) * zscore(leg_exact)

@@ -18,6 +18,7 @@ from .fusion import (
     FUSION_MODES,
     check_rrf_k,
     check_weights,
+    fusion_attributes,
     leg_names,
     reciprocal_rank_fusion,
     score_fusion,
@@ -126,12 +127,8 @@ class HybridRetriever(CheckedQueryMixin, BaseRetriever):
 
     @property
     def fusion_attributes(self) -> Dict[str, Any]:
-        """The fusion's settings as a trace records them: ``mode``, ``similarity_top_k``,
-        ``weights`` and, in ``"rrf"`` mode, ``rrf_k``."""
-        attributes: Dict[str, Any] = {"mode": self._mode, "similarity_top_k": self._similarity_top_k, "weights": list(self._weights)}
-        if self._mode == "rrf":
-            attributes["rrf_k"] = self._rrf_k
-        return attributes
+        """The fusion's settings as a trace records them (:func:`~.fusion.fusion_attributes`)."""
+        return fusion_attributes(self._mode, self._similarity_top_k, self._weights, self._rrf_k)
 
     def _fuse(self, leg_results: Sequence[Sequence[NodeWithScore]]) -> List[NodeWithScore]:
         """Truncate each leg to its depth and fuse."""
