@@ -195,6 +195,8 @@ def cmd_index(args: argparse.Namespace) -> int:
                 index.delete(old)  # after the upsert committed: the file is never missing from the index
             if rekeyed:
                 stats["migrated"] = len(rekeyed)
+            if args.hnsw:
+                stats["hnsw"] = "optimised" if index.optimize() else "up to date"
             total = len(index)
     else:
         if config is not None:
@@ -207,6 +209,8 @@ def cmd_index(args: argparse.Namespace) -> int:
             documents, storage, overwrite=args.rebuild, show_progress=not args.quiet, **build_kwargs
         ) as index:
             stats = {"documents": len(documents), "chunks": len(index)}
+            if args.hnsw:
+                stats["hnsw"] = "optimised" if index.optimize() else "up to date"
             total = len(index)
     _out(f"indexed {stats}; {total} chunks in {storage}")
     if args.push:
@@ -765,6 +769,12 @@ def build_parser() -> argparse.ArgumentParser:
         "API key from $QDRANT_API_KEY); the folder keeps its own copy unless --switch",
     )
     idx.add_argument("--switch", action="store_true", help="with --push: move the folder to the server for good")
+    idx.add_argument(
+        "--hnsw",
+        action="store_true",
+        help="also build the embedded engine's HNSW index (used by qdrant_hybrid and dense_search='qdrant' only; "
+        "the default modes search exactly in memory); about 0.6 ms per chunk",
+    )
     idx.set_defaults(func=cmd_index)
 
     mig = sub.add_parser("migrate", help="convert an index folder of the old format (Qdrant local mode) to Qdrant Edge")

@@ -204,3 +204,15 @@ def test_global_options_work_before_and_after_the_subcommand() -> None:
     args = parser.parse_args(["-v", "query", "what?", "--storage", "s", "--quiet"])
     assert args.verbose is True and args.quiet is True
     assert parser.parse_args(["query", "what?", "--storage", "s"]).quiet is False
+
+
+def test_index_hnsw_runs_the_engine_optimisers(storage: Path, tmp_path: Path) -> None:
+    import shutil
+
+    copy = tmp_path / "index"
+    shutil.copytree(storage, copy)
+    code, out = _run("index", *map(str, sample_files()), "--storage", str(copy), "--hnsw")
+    assert code == EXIT_OK, out
+    assert "'hnsw': 'optimised'" in out or "'hnsw': 'up to date'" in out  # the samples are below Edge's HNSW threshold
+    code, again = _run("index", *map(str, sample_files()), "--storage", str(copy), "--hnsw")
+    assert code == EXIT_OK and "'hnsw': 'up to date'" in again, again

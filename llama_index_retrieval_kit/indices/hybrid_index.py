@@ -46,6 +46,7 @@ import math
 import os
 import sqlite3
 import threading
+import time
 import weakref
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -85,6 +86,10 @@ STORE_DIR = "edge"
 LEGACY_QDRANT_DIR = "qdrant"
 RETRIEVER_MODES: tuple[str, ...] = tuple(m.value for m in RetrieverMode)
 DENSE_SEARCH: tuple[str, ...] = tuple(m.value for m in DenseSearch)
+#: Engine-side dense search (``qdrant_hybrid``, ``dense_search="qdrant"``) over at least this many
+#: vectors without HNSW logs a hint to run :meth:`HybridIndex.optimize` (an exact scan of 50k
+#: 384-d vectors takes about 4 ms per query on 2 cores).
+PLAIN_SCAN_HINT_VECTORS = 50_000
 
 
 def _describe_model(class_name: Optional[str], name: str) -> str:
@@ -354,6 +359,7 @@ class HybridIndex:
         # One writer at a time, for a whole upsert/delete: this process's threads and other processes.
         self._write_guard = _storage.WriteGuard(Path(storage_dir) / _storage.WRITE_LOCK)
         self._read_only: Optional[str] = None  # why this object may not write or search the point store
+        self._unindexed_hinted = False
         self._served_elsewhere: Optional[str] = None  # why this object may not write (load(qdrant_url=) of an embedded folder)
         self._write_start_snapshot: Any = None  # the BM25 state the running write started from
         self._vectors_checked = False  # the store's vectors compared with the embedding cache (once)
@@ -400,6 +406,7 @@ class HybridIndex:
         embed_batch_size: int = 256,
         overwrite: bool = False,
         show_progress: bool = False,
+        build_hnsw: bool = False,
     ) -> "HybridIndex":
         """Chunk, embed and index ``documents`` into a new ``storage_dir``.
 
@@ -413,7 +420,15 @@ class HybridIndex:
         ``storage_dir`` only when complete, so an interrupted or failed build leaves any previous
         index untouched and never a half-built one. Building again reuses the embeddings the
         interrupted build computed (and, with ``overwrite=True``, those of the replaced index).
+
+        ``build_hnsw=True`` also builds the embedded engine's HNSW index before the folder is
+        published (:meth:`optimize`; ignored with ``qdrant_url=``, a server indexes on its own).
+        Off by default: the default modes search the vectors exactly in memory and never use it,
+        and it is most of the build time at scale (96 of 224 s at 162k chunks, docs/benchmarks.md);
+        only ``qdrant_hybrid`` and ``dense_search="qdrant"`` use it, and they scan exactly without it.
         """
+        if not isinstance(build_hnsw, bool):
+            raise TypeError(f"build_hnsw must be True or False, got {build_hnsw!r}")
         storage = Path(storage_dir)
         if storage.is_symlink() or storage.name in ("", ".."):  # build next to the real folder
             storage = storage.resolve()
@@ -459,7 +474,8 @@ class HybridIndex:
             try:
                 index._commit()  # generation 0: empty but valid
                 index.upsert(documents, show_progress=show_progress)
-                store.optimize()  # HNSW and payload indexes, once, after the bulk write
+                if build_hnsw:
+                    index._optimize_store()
                 if not store.exists():
                     # No document gave a chunk: create the collection anyway (dimension from one probe
                     # embedding), so that every retriever mode answers [] instead of "not found".
@@ -647,7 +663,6 @@ class HybridIndex:
             elif self.manifest.embed_dim:
                 self._ensure_collection(self.manifest.embed_dim)
             self.store.flush()
-            self.store.optimize()
             self._journal.save(self.manifest.with_format_version(FORMAT_VERSION))
             _storage.remove_path(storage / LEGACY_QDRANT_DIR)
             logger.warning(
@@ -759,6 +774,35 @@ class HybridIndex:
                 self._recover()
                 raise
         return len(node_ids)
+
+    @_exclusive_write
+    def optimize(self) -> bool:
+        """Build the embedded engine's HNSW index over every stored point (Qdrant Edge's segment
+        optimisers, run until none is planned: HNSW for segments above Edge's indexing threshold,
+        about 6,700 384-d vectors; smaller ones are scanned, which is as fast). True when it changed
+        anything.
+
+        Only ``qdrant_hybrid`` and ``dense_search="qdrant"`` search with HNSW; without it Edge scans
+        the vectors exactly (about 2.6 ms per dense query at 32k chunks, growing linearly; 1.0 ms
+        with HNSW, ``benchmarks/scale_index.py``). Points added by :meth:`upsert` later are scanned
+        until the next call. Takes about 0.6 ms per 384-d vector on 2 cores (minutes at 100k+
+        chunks) and holds the write lock meanwhile; queries of this process wait. Nothing changes
+        what any query returns, apart from HNSW being approximate. A server indexes in the
+        background on its own: there it does nothing and returns False. Also ``rkit index --hnsw``.
+        """
+        return self._optimize_store()
+
+    def _optimize_store(self) -> bool:
+        started = time.perf_counter()
+        with self._rw_lock.write():
+            changed = self.store.optimize()
+        logger.info(
+            "%s: engine optimised in %.1f s (%s)",
+            self.storage_dir,
+            time.perf_counter() - started,
+            "segments optimised" if changed else "nothing to do",
+        )
+        return changed
 
     def _node_ids_of(self, doc_id: str) -> List[str]:
         info = self.docstore.get_ref_doc_info(doc_id)
@@ -1139,6 +1183,7 @@ class HybridIndex:
                     f"mode='qdrant_hybrid' cannot weight its legs ({list(weights)!r}): Qdrant's weighted RRF is not "
                     "w / (k + rank); use mode='hybrid_rrf' for weighted fusion"
                 )
+            self._hint_unindexed()
             return QdrantHybridRetriever(
                 self.store,
                 self.config["collection"],
@@ -1195,6 +1240,7 @@ class HybridIndex:
     ) -> BaseRetriever:
         if self._dense_in_memory(dense_search):
             return ExactDenseRetriever(self.dense_matrix, self.embed_model, similarity_top_k=top_k, filters=filters, **common)
+        self._hint_unindexed()
         return QdrantDenseRetriever(
             self.store,
             self.config["collection"],
@@ -1205,6 +1251,26 @@ class HybridIndex:
             read_guard=self._rw_lock.read,
             **common,
         )
+
+    def _hint_unindexed(self) -> None:
+        """Say once per index object when engine-side dense search will scan many vectors without
+        HNSW (:data:`PLAIN_SCAN_HINT_VECTORS`), and how to index them."""
+        if self._unindexed_hinted or self.manifest.qdrant_url or self._read_only is not None:
+            return
+        self._unindexed_hinted = True
+        try:
+            unindexed = self.store.unindexed_vectors()
+        except Exception:  # a hint never fails a retriever
+            logger.debug("could not read the store's index status", exc_info=True)
+            return
+        if unindexed >= PLAIN_SCAN_HINT_VECTORS:
+            logger.warning(
+                "%s: %d vector(s) have no HNSW index, so engine-side dense search scans them all "
+                "(exact, slower as the index grows); build it once with index.optimize() or "
+                "`rkit index --hnsw` (about 0.6 ms per vector)",
+                self.storage_dir,
+                unindexed,
+            )
 
     def _point_filter(self, filters: Optional[MetadataFilters]) -> Optional[Callable[[], Any]]:
         """For Qdrant-side search: a callable giving the Qdrant filter that admits exactly the

@@ -1223,11 +1223,27 @@ class EdgePoints(_PointStore):
             with engine_writes(self.path):
                 self._engine.flush()
 
-    def optimize(self) -> None:
-        """Build HNSW and payload indexes (after bulk writes)."""
-        if self._engine is not None:
-            with engine_writes(self.path):
-                self._engine.optimize()
+    def optimize(self) -> bool:
+        """Run the engine's segment optimisers until none is planned: HNSW over the dense vectors of
+        segments above Edge's indexing threshold, segments merged and vacuumed. True when anything
+        changed."""
+        if self._engine is None:
+            return False
+        with engine_writes(self.path):
+            return bool(self._engine.optimize())
+
+    def unindexed_vectors(self) -> int:
+        """Dense vectors the engine searches without HNSW (an exact scan), from ``ShardInfo``:
+        ``2 * points - indexed_vectors``, because qdrant-edge-py 0.9.0 counts as indexed each
+        non-empty sparse vector (always in the inverted index) and each dense vector in an HNSW
+        segment (tested). A point whose sparse vector is empty (a chunk without BM25 terms) counts
+        here too, so this is an upper bound; 0 for a store not created yet."""
+        self._check_open()
+        if self._engine is None:
+            return 0
+        with engine_reads(self.path, "inspected"):
+            info = self._shard().info()
+        return min(int(info.points_count), max(0, 2 * int(info.points_count) - int(info.indexed_vectors_count)))
 
     def refresh(self) -> None:
         """Flush, then reload the shard (keeping the lock). qdrant-edge-py 0.9.0 keeps counting
@@ -1462,8 +1478,13 @@ class ServerPoints(_PointStore):
     def flush(self) -> None:
         """Server writes are acknowledged with ``wait=True``: nothing to flush."""
 
-    def optimize(self) -> None:
-        """The server optimises in the background."""
+    def optimize(self) -> bool:
+        """The server optimises in the background: nothing to do here (False)."""
+        return False
+
+    def unindexed_vectors(self) -> int:
+        """0: a server indexes in the background (above its own ``indexing_threshold``)."""
+        return 0
 
     def refresh(self) -> None:
         """Nothing to reload on a server."""

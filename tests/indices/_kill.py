@@ -1,8 +1,8 @@
 """Randomized kill -9 trials of index writes (shared by tests/indices/test_kill_random.py and
 benchmarks/kill_test.py).
 
-A child process applies a seeded sequence of upserts and deletes to an index and logs every
-committed state; the parent kills it (SIGKILL) at a random moment, reopens the folder and checks
+A child process applies a seeded sequence of upserts and deletes to an index (and, every fifth
+write, ``HybridIndex.optimize``) and logs every committed state; the parent kills it (SIGKILL) at a random moment, reopens the folder and checks
 that it opens consistent (every leg holds exactly the docstore's chunks) at the last logged state
 or the one after it (the write in flight may have committed before it was logged).
 """
@@ -74,6 +74,8 @@ def apply_plan(path: str, log: str, seed: int) -> None:
                 index.upsert([Document(id_=doc_id, text=text)])
             with open(log, "a", encoding="utf-8") as fh:
                 fh.write(json.dumps(sorted(state)) + "\n")
+            if step % 5 == 4:  # the engine's optimisers (segments merged, deleted points vacuumed): killed too
+                index.optimize()
             if step == 0:  # warm (imports done): the kill lands among writes, not during start-up
                 print("ready", flush=True)
 

@@ -324,3 +324,36 @@ def test_malformed_filters_are_value_errors() -> None:
     with pytest.raises(ValueError, match="needs a single"):
         translate_filters(malformed)
     assert translate_filters(None) is None
+
+
+# ------------------------------------------------------------------ HNSW on demand
+
+
+def test_unindexed_vectors_counts_dense_vectors_outside_hnsw(tmp_path: Path) -> None:
+    """What ``HybridIndex.optimize`` and its hint rely on: ``ShardInfo.indexed_vectors_count``
+    counts non-empty sparse vectors and HNSW dense vectors; HNSW is built by ``optimize`` only for
+    segments above Edge's indexing threshold (about 6,700 384-d vectors), and search is exact
+    either way."""
+    rng = np.random.default_rng(11)
+    for n, hnsw in ((5_000, False), (8_000, True)):
+        store = EdgePoints(tmp_path / f"s{n}")
+        try:
+            store.create(384)
+            vectors = _unit(rng, n, 384)
+            store.upsert_points([point_id(f"n{i}") for i in range(n)], vectors, [([i % 50], [1.0]) for i in range(n)], [{"doc_id": f"d{i}"} for i in range(n)])
+            assert store.unindexed_vectors() == n  # written: scanned, not in HNSW
+            query = vectors[17] + 0.1 * vectors[42]
+            exact = np.argsort(-(vectors @ (query / np.linalg.norm(query))))[:10]
+            assert [h[0]["doc_id"] for h in store.search(query, limit=10)] == [f"d{i}" for i in exact]  # a plain scan is exact
+            assert store.optimize() is hnsw
+            assert store.unindexed_vectors() == (0 if hnsw else n)
+            assert store.optimize() is False  # nothing left to do
+            found = [h[0]["doc_id"] for h in store.search(query, limit=10)]
+            assert found[0] == f"d{exact[0]}" and len(set(found) & {f"d{i}" for i in exact}) >= 8
+        finally:
+            store.close()
+    reopened = EdgePoints(tmp_path / "s8000")
+    try:
+        assert reopened.unindexed_vectors() == 0  # HNSW persisted
+    finally:
+        reopened.close()
