@@ -42,7 +42,8 @@ EXIT_CODES = {
     EXIT_USAGE: "bad arguments or input (the message says what to change), or a missing optional extra "
     "(the message names it: pip install 'llama-index-retrieval-kit[EXTRA]')",
     EXIT_BUSY: "the index is open or being written by another process (or read-only after a failed write): "
-    "close it, or serve the index from a Qdrant server",
+    "close it, or serve the index from a Qdrant server (rkit query answers read-only beside it, but for "
+    "--mode qdrant_hybrid)",
     EXIT_DAMAGED: "the index folder is damaged (the message names the file and how to rebuild)",
     EXIT_INTERNAL: "internal error (a bug): rerun with --verbose for the traceback",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
@@ -386,6 +387,22 @@ def _query(retriever, question: str, stages: Sequence) -> tuple[list, dict | Non
     return run(question)
 
 
+def _open_for_query(storage: Path, mode: str):
+    """``HybridIndex.load(storage)``; when another process holds the folder (it is open or being
+    written there), the committed index read-only instead (``load(read_only=True)``: every mode but
+    ``qdrant_hybrid``), with a note on stderr."""
+    from .indices import HybridIndex, IndexBusyError
+
+    try:
+        return HybridIndex.load(storage)
+    except IndexBusyError:
+        if mode == "qdrant_hybrid":
+            raise
+    index = HybridIndex.load(storage, read_only=True)
+    sys.stderr.write(f"rkit: {storage} is open in another process: answering from its last committed state (read-only)\n")
+    return index
+
+
 def cmd_query(args: argparse.Namespace) -> int:
     from contextlib import ExitStack, nullcontext
 
@@ -421,7 +438,7 @@ def cmd_query(args: argparse.Namespace) -> int:
     traces: list = []
     with ExitStack() as stack:
         if config is None:
-            index = stack.enter_context(HybridIndex.load(args.storage))
+            index = stack.enter_context(_open_for_query(args.storage, mode))
             retriever = index.as_retriever(mode=mode, similarity_top_k=top_k)
         else:
             from .pipeline import build_retriever

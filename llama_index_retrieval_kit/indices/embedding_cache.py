@@ -44,16 +44,31 @@ _PACKAGED_KEY = f"HuggingFaceEmbedding:{DEFAULT_EMBED_MODEL}"
 class EmbeddingCache:
     """Vectors on disk, keyed by (model key, text hash)."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, read_only: bool = False) -> None:
+        """Open (or create) the cache at ``path``; ``read_only=True`` opens an existing file without
+        ever writing it (SQLite ``mode=ro``: another process may write it meanwhile; reads see its
+        committed transactions), and a missing file as an empty cache."""
         self.path = Path(path)
+        self.read_only = read_only
+        if read_only:
+            if self.path.exists():
+                self._conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False)
+                self._conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()  # not a database: an error now
+            else:
+                self._conn = sqlite3.connect(":memory:", check_same_thread=False)
+                self._create_table()
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._conn = sqlite3.connect(str(self.path), check_same_thread=False)
+        self._create_table()
+        self._migrate_packaged_paths()
+
+    def _create_table(self) -> None:
         self._conn.execute(
             "CREATE TABLE IF NOT EXISTS vectors (model TEXT NOT NULL, key TEXT NOT NULL, dim INTEGER NOT NULL, "
             "vector BLOB NOT NULL, PRIMARY KEY (model, key))"
         )
         self._conn.commit()
-        self._migrate_packaged_paths()
 
     def _migrate_packaged_paths(self) -> None:
         """Older versions keyed the packaged MiniLM by its install path: re-key those rows once."""
@@ -79,6 +94,8 @@ class EmbeddingCache:
         return found
 
     def put_many(self, model: str, items: Iterable[tuple[str, np.ndarray]]) -> None:
+        if self.read_only:
+            raise RuntimeError(f"the embedding cache {self.path} is open read-only")
         rows = [(model, key, int(vec.shape[0]), np.asarray(vec, dtype=np.float32).tobytes()) for key, vec in items]
         with self._conn:
             self._conn.executemany("INSERT OR REPLACE INTO vectors VALUES (?, ?, ?, ?)", rows)

@@ -33,8 +33,9 @@ every point) is migrated once on open without reading ``qdrant/``: the points ar
 docstore and the embedding cache, then ``qdrant/`` is deleted.
 
 The shard is open in one process at a time (``edge/.store.lock``); a second open is an
-:class:`IndexBusyError`. Several workers serve one index through a Qdrant server
-(``qdrant_url=``).
+:class:`IndexBusyError`. Any number of processes can open the folder with ``read_only=True``
+beside it (no shard, no lock, no write: the in-memory modes, ``refresh()`` to follow the writer);
+engine-side search from several workers goes through a Qdrant server (``qdrant_url=``).
 """
 
 from __future__ import annotations
@@ -199,6 +200,57 @@ def document_origin(metadata: Dict[str, Any]) -> Optional[str]:
         return path
 
 
+READ_ONLY_REASON = "it was opened with read_only=True"
+READ_ONLY_ADVICE = (
+    "Open it with HybridIndex.load(...) without read_only=True in the one process that writes, or use "
+    "mode='hybrid' (or dense, sparse, hybrid_score, hybrid_rrf) here"
+)
+#: How often :func:`_read_committed` reads ``index.json`` again when the generation it named was
+#: replaced by another process's commit while being read.
+GENERATION_READ_ATTEMPTS = 5
+
+
+class _UnopenedStore:
+    """The point store of an index opened with ``read_only=True``: never opened; using it raises
+    the index's :class:`~.storage.IndexReadOnlyError` (queries are refused before, by the read guard)."""
+
+    kind = "edge"
+
+    def __init__(self, path: Path, error: Exception) -> None:
+        self.path = path
+        self.location = str(path)
+        self._error = error
+
+    def close(self) -> None:
+        """Nothing was opened."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise self._error
+
+
+def _read_committed(
+    storage: Path, manifest: IndexManifest, custom_tokenizer: Any, qdrant_url: Optional[str]
+) -> tuple[IndexManifest, bool, BM25Retriever, Any]:
+    """The committed generation ``manifest`` names, checked and read: ``(manifest, verified, bm25,
+    docstore)``. A writer in another process deletes a generation's files once it committed the
+    next one; when the files go while they are read, ``index.json`` is read again and the newer
+    generation read instead (up to :data:`GENERATION_READ_ATTEMPTS` times); damage is an error."""
+    manifest_file = storage / _storage.MANIFEST
+    for attempt in range(GENERATION_READ_ATTEMPTS):
+        gen = manifest.generation
+        try:
+            verified = _storage.verify_generation(storage, gen, manifest.integrity_record, manifest_file)
+            bm25, docstore = read_generation(storage, gen, custom_tokenizer)
+            return manifest, verified, bm25, docstore
+        except _storage.DamagedIndexError:
+            disk = IndexManifest.read(manifest_file, READABLE_FORMATS)
+            if disk.generation == gen or attempt == GENERATION_READ_ATTEMPTS - 1:
+                raise
+            logger.info("%s: generation %d was replaced by %d while it was read; reading that", storage, gen, disk.generation)
+            manifest = disk.with_qdrant_url(qdrant_url) if qdrant_url else disk
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
 def _close_quietly(store: Any, cache: Any) -> None:
     """Close a point store and an embedding cache, ignoring errors (finalizer of HybridIndex)."""
     for resource in (store, cache):
@@ -338,6 +390,7 @@ class HybridIndex:
         bm25: BM25Retriever,
         docstore: SimpleDocumentStore,
         tokenizer_config: BM25TokenizerConfig,
+        cache: Optional[EmbeddingCache] = None,
     ) -> None:
         self.storage_dir = storage_dir
         self._journal = WriteJournal(storage_dir, manifest)  # index.json: the manifest and the write journal
@@ -347,7 +400,7 @@ class HybridIndex:
         self.bm25 = bm25
         self.docstore = docstore
         self.tokenizer_config = tokenizer_config
-        self.cache = EmbeddingCache(storage_dir / "embeddings.sqlite")
+        self.cache = cache if cache is not None else EmbeddingCache(storage_dir / "embeddings.sqlite")
         # An index never closed is closed when it is collected or at interpreter exit, before
         # module teardown (otherwise qdrant-client's __del__ prints a traceback at exit).
         self._finalizer = weakref.finalize(self, _close_quietly, store, self.cache)
@@ -360,6 +413,7 @@ class HybridIndex:
         self._write_guard = _storage.WriteGuard(Path(storage_dir) / _storage.WRITE_LOCK)
         self._read_only: Optional[str] = None  # why this object may not write or search the point store
         self._unindexed_hinted = False
+        self._opened_read_only = False  # load(read_only=True): no shard, no lock, no write
         self._served_elsewhere: Optional[str] = None  # why this object may not write (load(qdrant_url=) of an embedded folder)
         self._write_start_snapshot: Any = None  # the BM25 state the running write started from
         self._vectors_checked = False  # the store's vectors compared with the embedding cache (once)
@@ -527,6 +581,7 @@ class HybridIndex:
         qdrant_api_key: Optional[str] = None,
         custom_tokenizer: Any = None,
         qdrant_url: Optional[str] = None,
+        read_only: bool = False,
     ) -> "HybridIndex":
         """Open an index folder. The embedding model must be the one it was built with.
 
@@ -550,7 +605,18 @@ class HybridIndex:
         read-only folder) the index opens read-only on the committed state, with a warning
         (dense search from the embedding cache; store-side search and writes raise
         :class:`~.storage.IndexReadOnlyError`), and a later writable open finishes the roll-back.
+
+        ``read_only=True`` opens the committed index without taking anything: any number of
+        processes can, also while one process has the folder open and writes to it (one writer, many
+        readers). It never writes a file and never opens the Qdrant Edge shard: the BM25 leg and the
+        exact dense leg answer (vectors from the embedding cache), so ``hybrid``, ``hybrid_score``,
+        ``hybrid_rrf``, ``dense`` and ``sparse`` work and give the writer's answers; engine-side
+        search (``qdrant_hybrid``, ``dense_search="qdrant"``) and writes raise
+        :class:`~.storage.IndexReadOnlyError`. It keeps serving the generation it read until
+        :meth:`refresh`. A Qdrant server (``qdrant_url``) is searched as usual, writes refused.
         """
+        if not isinstance(read_only, bool):
+            raise TypeError(f"read_only must be True or False, got {read_only!r}")
         storage = Path(storage_dir)
         manifest_file = storage / _storage.MANIFEST
         if not manifest_file.exists():
@@ -596,12 +662,17 @@ class HybridIndex:
                 "not comparable. Load it with the model it was built with, or build a new index with this one"
             )
         node_parser = node_parser or manifest.build_node_parser()
-        gen = manifest.generation
-        verified = _storage.verify_generation(storage, gen, manifest.integrity_record, manifest_file)
-        bm25, docstore = read_generation(storage, gen, custom_tokenizer)
+        manifest, verified, bm25, docstore = _read_committed(storage, manifest, custom_tokenizer, qdrant_url)
         legacy = manifest.format_version == 1 and not manifest.qdrant_url
         if legacy and served_elsewhere is not None:  # pragma: no cover - qdrant_url above
             raise ValueError(f"{storage} is in the old format: open it once without qdrant_url= to migrate it")
+        if legacy and read_only:
+            raise ValueError(
+                f"{storage} is in the old index format (Qdrant local mode), which is migrated once by a writable "
+                f"open: run `rkit migrate {storage}` (or HybridIndex.load without read_only=True) first"
+            )
+        if read_only and not manifest.qdrant_url:
+            return cls._open_read_only(storage, manifest, embed_model, node_parser, bm25, docstore)
         if not legacy and manifest.qdrant_url is None and not (storage / STORE_DIR / _store.SCHEMA_FILE).exists() and len(bm25):
             raise _storage.DamagedIndexError(storage / STORE_DIR, "is missing (the index holds chunks)", storage)
         # A format-1 folder starts its shard afresh (dropping what an interrupted migration left).
@@ -617,6 +688,9 @@ class HybridIndex:
                 repair="it only caches embeddings: delete it and open the index again",
             ) from None
         index._served_elsewhere = served_elsewhere
+        if read_only:  # a server's collection, searched as usual; nothing rolled back or written from here
+            index._served_elsewhere = served_elsewhere or READ_ONLY_REASON
+            return index
         try:
             if legacy:
                 index._migrate_from_local_mode()
@@ -625,6 +699,53 @@ class HybridIndex:
             index.close()
             raise
         return index
+
+    @classmethod
+    def _open_read_only(
+        cls, storage: Path, manifest: IndexManifest, embed_model: BaseEmbedding, node_parser: NodeParser, bm25: BM25Retriever, docstore: Any
+    ) -> "HybridIndex":
+        """An embedded folder opened with ``read_only=True`` (see :meth:`load`): no shard, no lock,
+        no write; the embedding cache opened read-only."""
+        error = _storage.IndexReadOnlyError(storage, READ_ONLY_REASON, READ_ONLY_ADVICE)
+        try:
+            cache = EmbeddingCache(storage / "embeddings.sqlite", read_only=True)
+        except sqlite3.DatabaseError as exc:
+            raise _storage.DamagedIndexError(
+                storage / "embeddings.sqlite",
+                f"is not a readable SQLite database ({exc})",
+                storage,
+                repair="it only caches embeddings: delete it (in a writable open) and open the index again",
+            ) from None
+        index = cls(storage, manifest, embed_model, node_parser, _UnopenedStore(storage / STORE_DIR, error), bm25, docstore, bm25.tokenizer_config, cache=cache)
+        index._read_only = READ_ONLY_REASON
+        index._opened_read_only = True
+        index._rw_lock = _storage.RefusingLock(error)
+        return index
+
+    def refresh(self) -> bool:
+        """Serve the newest committed generation: re-read it when another process committed one
+        since this object read its own (an index opened with ``read_only=True`` keeps the
+        generation it read until then). Returns True when it moved. Cheap when nothing changed
+        (``index.json`` read and compared), so a serving worker can call it before each request.
+        A writable object catches up by itself before each write."""
+        if self._read_only is None and self._served_elsewhere is None:  # a writer: under the write guard
+            with self._write_guard.hold(), self._rw_lock.write():
+                before = self.manifest.generation
+                self._sync_with_disk()
+                return self.manifest.generation != before
+        disk = self._journal.read_disk()
+        if disk.generation == self.manifest.generation:
+            return False
+        url = self.manifest.qdrant_url
+        manifest = disk.with_qdrant_url(url) if url else disk
+        manifest, _, committed, docstore = _read_committed(self.storage_dir, manifest, self.tokenizer_config.custom_tokenizer, url)
+        with self._dense_lock:
+            self.bm25.restore_snapshot(committed.snapshot)  # retrievers made earlier see it too
+            self.docstore = docstore
+            self._journal.amend(manifest)
+            self._dense = None
+        logger.info("%s: now serving generation %d", self.storage_dir, manifest.generation)
+        return True
 
     @staticmethod
     def _open_store(storage: Path, manifest: IndexManifest, api_key: Optional[str], fresh: bool = False) -> Any:
@@ -1014,7 +1135,7 @@ class HybridIndex:
         if self._served_elsewhere is not None:
             raise _storage.IndexReadOnlyError(self.storage_dir, self._served_elsewhere)
         if self._read_only is not None:
-            raise _storage.IndexReadOnlyError(self.storage_dir, self._read_only)
+            raise _storage.IndexReadOnlyError(self.storage_dir, self._read_only, READ_ONLY_ADVICE if self._opened_read_only else None)
 
     def _finish_open(self, verified: bool) -> None:
         """On :meth:`load`, under the write lock (so that no write of another process sharing a

@@ -90,14 +90,17 @@ class IndexWriteLockedError(RuntimeError):
 class IndexReadOnlyError(RuntimeError):
     """The index object cannot write (or search Qdrant) until the folder is opened again."""
 
-    def __init__(self, storage_dir: Path | str, reason: str) -> None:
+    def __init__(self, storage_dir: Path | str, reason: str, what_to_do: Optional[str] = None) -> None:
         self.storage_dir = Path(storage_dir)
         self.reason = reason
+        what_to_do = what_to_do or (
+            "Free disk space (or fix the folder's permissions), then open it again with HybridIndex.load to "
+            "finish the roll-back"
+        )
         super().__init__(
             f"{storage_dir} is open read-only: {reason}. Queries answer from the committed index "
             "(Qdrant-side search, mode='qdrant_hybrid' or dense_search='qdrant', is unavailable) and writes "
-            "are refused. Free disk space (or fix the folder's permissions), then open it again with "
-            "HybridIndex.load to finish the roll-back"
+            f"are refused. {what_to_do}"
         )
 
 

@@ -4,6 +4,7 @@ clear error, and a metadata filter means the same thing in every mode."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -181,7 +182,7 @@ def test_second_load_in_the_same_process_is_a_clear_error(index: HybridIndex, in
     assert index.as_retriever("sparse").retrieve("fee")  # the first one is unaffected
 
 
-def test_cli_query_on_a_busy_index_is_one_line_without_traceback(index_dir: Path) -> None:
+def test_cli_query_on_a_busy_index_answers_read_only_or_says_what_to_do(index_dir: Path) -> None:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     holder = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(f"""
@@ -193,17 +194,23 @@ def test_cli_query_on_a_busy_index_is_one_line_without_traceback(index_dir: Path
         """)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True,
     )
+    query = [sys.executable, "-m", "llama_index_retrieval_kit.cli", "-q", "query", "late payment fee", "--storage", str(index_dir), "--json"]
     try:
         assert holder.stdout.readline().strip() == "open"
-        proc = subprocess.run(
-            [sys.executable, "-m", "llama_index_retrieval_kit.cli", "-q", "query", "fees", "--storage", str(index_dir)],
-            capture_output=True, text=True, env=env, timeout=300,
-        )
+        answered = subprocess.run(query, capture_output=True, text=True, env=env, timeout=300)
+        refused = subprocess.run([*query, "--mode", "qdrant_hybrid"], capture_output=True, text=True, env=env, timeout=300)
     finally:
         holder.communicate("", timeout=60)
-    assert proc.returncode == EXIT_BUSY, proc.stderr
-    assert "Traceback" not in proc.stderr
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("rkit:")]
+    # The default mode answers from the committed index, read-only, and says so in one line.
+    assert answered.returncode == 0, answered.stderr
+    results = json.loads(answered.stdout)["results"]
+    assert results and any("late" in r["text"].lower() for r in results)
+    notes = [line for line in answered.stderr.splitlines() if line.startswith("rkit:")]
+    assert len(notes) == 1 and "open in another process" in notes[0] and "read-only" in notes[0]
+    # Engine-side search needs the shard: one line saying what to do, no traceback.
+    assert refused.returncode == EXIT_BUSY, refused.stderr
+    assert "Traceback" not in refused.stderr
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("rkit:")]
     assert len(errors) == 1 and "open in another process" in errors[0] and "qdrant_url" in errors[0]
 
 

@@ -1,0 +1,112 @@
+"""``HybridIndex.load(read_only=True)``: one writer, many readers of one folder. A reader takes
+nothing (no shard, no lock), writes nothing, answers every in-memory mode exactly as the writer
+does, refuses writes and engine-side search with a clear error, and follows the writer's commits
+with ``refresh()``."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Dict, Tuple
+
+import pytest
+from llama_index.core import Document
+
+from llama_index_retrieval_kit.indices import HybridIndex, IndexReadOnlyError
+from llama_index_retrieval_kit.indices import hybrid_index as hybrid_index_module
+
+from . import _support
+
+IN_MEMORY_MODES = ("hybrid", "hybrid_score", "hybrid_rrf", "dense", "sparse")
+
+
+def tree_state(folder: Path) -> Dict[str, Tuple[int, int, str]]:
+    """Every file under ``folder``: size, mtime (ns) and sha256."""
+    return {
+        str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest())
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+def test_a_reader_beside_the_open_writer_gives_the_writers_answers(index: HybridIndex, index_dir: Path, embed_model, bundles) -> None:
+    with HybridIndex.load(index_dir, embed_model=embed_model, read_only=True) as reader:  # the writer holds the shard
+        assert len(reader) == len(index) and reader.doc_ids() == index.doc_ids()
+        got = _support.run_modes(reader, bundles[:6], modes=IN_MEMORY_MODES)
+        want = _support.run_modes(index, bundles[:6], modes=IN_MEMORY_MODES)
+        _support.assert_same_results(got, want)
+    assert index.as_retriever("qdrant_hybrid").retrieve(bundles[0])  # the writer is unaffected
+
+
+def test_a_reader_refuses_writes_and_engine_side_search(index_dir: Path, embed_model, bundles) -> None:
+    with HybridIndex.load(index_dir, embed_model=embed_model, read_only=True) as reader:
+        writes = {
+            "upsert": lambda: reader.upsert([Document(id_="new.md", text="A new clause.")]),
+            "delete": lambda: reader.delete(_support.CHANGED_DOC),
+            "optimize": reader.optimize,
+            "push_to": lambda: reader.push_to("http://localhost:6333"),
+        }
+        for name, write in writes.items():
+            with pytest.raises(IndexReadOnlyError, match=r"opened with read_only=True.*without read_only=True in the one process that writes"):
+                write()
+        for mode, options in (("qdrant_hybrid", {}), ("dense", {"dense_search": "qdrant"})):
+            with pytest.raises(IndexReadOnlyError, match="read_only=True"):
+                reader.as_retriever(mode, **options).retrieve(bundles[0])
+        assert reader.as_retriever("hybrid").retrieve(bundles[0])  # still serving
+    with pytest.raises(TypeError, match="read_only must be True or False, got 'yes'"):
+        HybridIndex.load(index_dir, embed_model=embed_model, read_only="yes")  # type: ignore[arg-type]
+
+
+def test_a_reader_writes_nothing(index_dir: Path, embed_model, bundles) -> None:
+    before = tree_state(index_dir)
+    with HybridIndex.load(index_dir, embed_model=embed_model, read_only=True) as reader:
+        for mode in IN_MEMORY_MODES:
+            reader.as_retriever(mode).retrieve(bundles[1])
+        assert reader.refresh() is False
+    assert tree_state(index_dir) == before
+
+
+def test_refresh_follows_the_writers_commits(index: HybridIndex, index_dir: Path, embed_model, bundles) -> None:
+    reader = HybridIndex.load(index_dir, embed_model=embed_model, read_only=True)
+    try:
+        sparse = reader.as_retriever("sparse", similarity_top_k=50)  # made before: sees the refresh too
+        index.upsert([_support.changed_document()])
+        index.upsert([Document(id_="appendix.md", text="Appendix: the zebra clause covers striped payment cards.")])
+        # The reader keeps serving the generation it read, though the writer deleted its files.
+        assert "appendix.md" not in reader.doc_ids()
+        assert not [n for n in sparse.retrieve("zebra striped") if n.node.ref_doc_id == "appendix.md"]
+        assert reader.refresh() is True and reader.refresh() is False
+        assert reader.doc_ids() == index.doc_ids()
+        assert sparse.retrieve("zebra striped")[0].node.ref_doc_id == "appendix.md"
+        got = _support.run_modes(reader, bundles[:4], modes=IN_MEMORY_MODES)
+        want = _support.run_modes(index, bundles[:4], modes=IN_MEMORY_MODES)
+        _support.assert_same_results(got, want)
+    finally:
+        reader.close()
+
+
+def test_a_generation_replaced_while_it_is_read_is_followed(index: HybridIndex, index_dir: Path, embed_model, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer commits (and deletes the generation the reader's index.json named) between the
+    reader's check of the files and its read of them: the reader reads index.json again."""
+    real = hybrid_index_module.read_generation
+    calls = []
+
+    def racing(storage, generation, custom_tokenizer=None):
+        calls.append(generation)
+        if len(calls) == 1:
+            index.upsert([Document(id_="race.md", text="Committed while the reader was reading.")])
+        return real(storage, generation, custom_tokenizer)
+
+    monkeypatch.setattr(hybrid_index_module, "read_generation", racing)
+    with HybridIndex.load(index_dir, embed_model=embed_model, read_only=True) as reader:
+        assert calls == [calls[0], calls[0] + 1]  # the first generation's files went; the next one was read
+        assert "race.md" in reader.doc_ids() and reader.doc_ids() == index.doc_ids()
+
+
+def test_the_cli_answers_read_only_beside_an_open_writer(index: HybridIndex, index_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    from llama_index_retrieval_kit.cli import EXIT_OK, main
+
+    assert main(["-q", "query", "How much is the late payment fee?", "--storage", str(index_dir), "-k", "3"]) == EXIT_OK
+    captured = capsys.readouterr()
+    assert "open in another process: answering from its last committed state (read-only)" in captured.err
+    assert "late" in captured.out.lower()
