@@ -242,7 +242,7 @@ def _read_committed(
             verified = _storage.verify_generation(storage, gen, manifest.integrity_record, manifest_file)
             bm25, docstore = read_generation(storage, gen, custom_tokenizer)
             return manifest, verified, bm25, docstore
-        except _storage.DamagedIndexError:
+        except (_storage.DamagedIndexError, OSError):  # OSError: a file gone while it was hashed
             disk = IndexManifest.read(manifest_file, READABLE_FORMATS)
             if disk.generation == gen or attempt == GENERATION_READ_ATTEMPTS - 1:
                 raise

@@ -37,6 +37,7 @@ from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, Query
 from llama_index.core.storage.docstore.utils import doc_to_json, json_to_doc
 from llama_index.core.vector_stores.types import MetadataFilters
 
+from .._json_fragments import FragmentCache
 from .checks import check_positive_int, check_query_text, checked_query
 from .filters import filter_mask, validate_filters
 from .node_copy import copy_node
@@ -409,6 +410,23 @@ def top_matches(
     return list(zip(positions.tolist(), scores.tolist()))
 
 
+def persisted_node_json(node: BaseNode) -> bytes:
+    """One node's entry in nodes.json: ``json.dumps(doc_to_json(node), ensure_ascii=False)`` as UTF-8.
+
+    Cached per node object by :meth:`BM25Retriever.persist`: a snapshot's nodes are the index's
+    own copies, never changed in place (updates build new snapshots around new copies; readers
+    get copies). Caveat: those copies (``copy_node``) have their own metadata but share the
+    other containers (relationships, excluded-key lists, embedding) with the node the caller
+    inserted and with the copies retrieval hands out; a caller changing one of those in place
+    changes the indexed node too (as before), and nodes.json then keeps the node as first saved.
+    """
+    return json.dumps(doc_to_json(node), ensure_ascii=False).encode("utf-8")
+
+
+def _encode_node(node_id: str, node: BaseNode) -> bytes:
+    return persisted_node_json(node)
+
+
 def _check_params(k1: float, b: float, method: str, similarity_top_k: int) -> None:
     if not isinstance(k1, (int, float)) or isinstance(k1, bool) or not k1 >= 0 or not np.isfinite(k1):
         raise ValueError(f"k1 must be a finite number >= 0, got {k1!r}")
@@ -480,6 +498,7 @@ class BM25Retriever(BaseRetriever):
         self._filters = validate_filters(filters)
         nodes = self._checked_copies(nodes)
         self._shared = _SharedIndex(build_snapshot(nodes, [self._tokens_of(n) for n in nodes], self._params))
+        self._node_json: FragmentCache[str] = FragmentCache()  # persist's per-node JSON, shared by views
 
     @classmethod
     def from_nodes(
@@ -659,19 +678,31 @@ class BM25Retriever(BaseRetriever):
 
     # ----- persistence ------------------------------------------------------------------------
 
+    def cached_json_bytes(self) -> int:
+        """Bytes of node JSON kept for the next :meth:`persist` (what the cache adds to the index's memory)."""
+        return self._node_json.cached_bytes()
+
     def persist(self, folder: Union[str, Path]) -> None:
         """Save the bm25s index, the nodes (JSON), their tokens, the tokenizer settings and the parameters.
 
-        Filters and ``custom_tokenizer`` are not saved: pass them to :meth:`load`.
+        Filters and ``custom_tokenizer`` are not saved: pass them to :meth:`load`. Each node's
+        JSON is kept (shared with this index's views) and reused while the node stays indexed,
+        so a persist after a small update encodes only the new nodes; the memory this takes is
+        :meth:`cached_json_bytes`.
         """
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         snapshot = self._shared.snapshot
         if snapshot.bm25 is not None:
             snapshot.bm25.save(folder / _BM25S_DIR, show_progress=False)
-        with open(folder / _NODES_FILE, "w", encoding="utf-8") as f:
-            # json.dumps, not json.dump: only the one-shot form uses the C encoder (~5x faster).
-            f.write(json.dumps([doc_to_json(n) for n in snapshot.nodes], ensure_ascii=False))
+        # Bytes of json.dumps([doc_to_json(n) for n in nodes], ensure_ascii=False), from each
+        # node's cached encoding (persisted_node_json): only nodes new since the last persist
+        # are encoded.
+        fragments = self._node_json.fragments(zip(snapshot.node_ids, snapshot.nodes), _encode_node)
+        with open(folder / _NODES_FILE, "wb") as f:
+            f.write(b"[")
+            f.write(b", ".join(fragments))
+            f.write(b"]")
         if snapshot.tokens is not None:
             snapshot.tokens.save(folder)
         config = {

@@ -110,3 +110,50 @@ def test_the_cli_answers_read_only_beside_an_open_writer(index: HybridIndex, ind
     captured = capsys.readouterr()
     assert "open in another process: answering from its last committed state (read-only)" in captured.err
     assert "late" in captured.out.lower()
+
+
+WRITER = r"""
+import sys
+sys.path.insert(0, {repo!r})
+from llama_index.core import Document
+from llama_index.core.embeddings import MockEmbedding
+from llama_index_retrieval_kit.indices import HybridIndex
+with HybridIndex.load({path!r}, embed_model=MockEmbedding(embed_dim=16)) as index:
+    print("open", flush=True)
+    for n in range(24):
+        index.upsert([Document(id_=f"w{{n % 8}}", text=f"writer clause {{n}} zebra " * 30)])
+        if n % 5 == 4:
+            index.delete(f"w{{(n - 2) % 8}}")
+"""
+
+
+def test_readers_in_this_process_follow_a_writer_in_another(tmp_path: Path) -> None:
+    """Real concurrency: another process writes (upserts, deletes, each a commit that deletes the
+    previous generation's files) while this one opens, refreshes and queries read-only."""
+    import subprocess
+    import sys
+
+    from llama_index.core.embeddings import MockEmbedding
+
+    model = MockEmbedding(embed_dim=16)
+    folder = tmp_path / "index"
+    HybridIndex.from_documents([Document(id_=f"d{i}", text=f"fee {i} annual card late " * 20) for i in range(20)], folder, embed_model=model).close()
+    repo = str(Path(__file__).resolve().parents[2])
+    writer = subprocess.Popen([sys.executable, "-c", WRITER.format(repo=repo, path=str(folder))], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    moved = queries = 0
+    try:
+        assert writer.stdout.readline().strip() == "open", writer.stderr.read()
+        while writer.poll() is None:
+            with HybridIndex.load(folder, embed_model=model, read_only=True) as reader:
+                for _ in range(10):
+                    moved += reader.refresh()
+                    results = reader.as_retriever("hybrid", similarity_top_k=5).retrieve("zebra clause")
+                    assert len(results) == 5 and all(r.node.get_content() for r in results)
+                    queries += 1
+    finally:
+        writer.wait(120)
+    assert writer.returncode == 0, writer.stderr.read()
+    assert queries and moved >= 1  # the readers saw commits land while they served
+    with HybridIndex.load(folder, embed_model=model, read_only=True) as reader, HybridIndex.load(folder, embed_model=model) as owner:
+        assert reader.doc_ids() == owner.doc_ids()
+        _support.assert_consistent(owner)
