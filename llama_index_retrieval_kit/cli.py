@@ -21,9 +21,14 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from ._enums import RetrieverMode
+
+if TYPE_CHECKING:  # pragma: no cover - annotations only (importing the CLI stays light)
+    from contextlib import ExitStack
+
+    from .pipeline import PipelineConfig, PipelineRetriever
 
 logger = logging.getLogger("llama_index_retrieval_kit")
 
@@ -403,6 +408,24 @@ def _open_for_query(storage: Path, mode: str):
     return index
 
 
+def _pipeline_retriever_for_query(config: PipelineConfig, stack: ExitStack) -> PipelineRetriever:
+    """``pipeline.build_retriever(config)`` (closed by ``stack``); when another process holds the
+    folder, over the committed index opened read-only (as :func:`_open_for_query`), unless the
+    config searches in the engine (``qdrant_hybrid``, ``dense_search: qdrant``)."""
+    from .indices import IndexBusyError
+    from .pipeline import build_retriever, open_index
+
+    try:
+        return stack.enter_context(build_retriever(config))
+    except IndexBusyError:
+        if config.retriever.mode == "qdrant_hybrid" or config.retriever.dense_search == "qdrant":
+            raise
+    index = stack.enter_context(open_index(config, read_only=True))
+    retriever = stack.enter_context(build_retriever(config, index=index))
+    sys.stderr.write(f"rkit: {config.storage_dir} is open in another process: answering from its last committed state (read-only)\n")
+    return retriever
+
+
 def cmd_query(args: argparse.Namespace) -> int:
     from contextlib import ExitStack, nullcontext
 
@@ -443,7 +466,7 @@ def cmd_query(args: argparse.Namespace) -> int:
         else:
             from .pipeline import build_retriever
 
-            retriever = stack.enter_context(build_retriever(config))
+            retriever = _pipeline_retriever_for_query(config, stack)
         if trace:
             from .tracing import TraceCollector
 

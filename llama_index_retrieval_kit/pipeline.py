@@ -617,12 +617,13 @@ def index_mismatches(config: PipelineConfig, index: Any) -> List[str]:
     return problems
 
 
-def open_index(config: PipelineConfig, embed_model: Any = None, check: bool = True) -> Any:
+def open_index(config: PipelineConfig, embed_model: Any = None, check: bool = True, read_only: bool = False) -> Any:
     """Open the HybridIndex of ``config`` (with its embedding model and node parser).
 
     With ``check`` (default), an index built with other chunking, BM25 parameters or
     ``qdrant_url`` than the config says is a ``ValueError`` listing them (HybridIndex.load
-    itself refuses another embedding model).
+    itself refuses another embedding model). ``read_only``: ``HybridIndex.load(read_only=True)``
+    (beside a process that holds the folder; no writes, no engine-side search).
     """
     from .indices import HybridIndex
 
@@ -632,7 +633,11 @@ def open_index(config: PipelineConfig, embed_model: Any = None, check: bool = Tr
             config.source, f"{storage} holds no index: build it first with `rkit index --config FILE` (or pipeline.build_index)", "index.storage_dir"
         )
     index = HybridIndex.load(
-        storage, embed_model=embed_model or make_embed_model(config), node_parser=make_node_parser(config), qdrant_api_key=_api_key(config)
+        storage,
+        embed_model=embed_model or make_embed_model(config),
+        node_parser=make_node_parser(config),
+        qdrant_api_key=_api_key(config),
+        read_only=read_only,
     )
     if check:
         problems = index_mismatches(config, index)

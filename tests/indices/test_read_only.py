@@ -157,3 +157,15 @@ def test_readers_in_this_process_follow_a_writer_in_another(tmp_path: Path) -> N
     with HybridIndex.load(folder, embed_model=model, read_only=True) as reader, HybridIndex.load(folder, embed_model=model) as owner:
         assert reader.doc_ids() == owner.doc_ids()
         _support.assert_consistent(owner)
+
+
+def test_the_cli_with_a_config_answers_read_only_beside_an_open_writer(index: HybridIndex, index_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from llama_index_retrieval_kit.cli import EXIT_BUSY, EXIT_OK, main
+
+    config = tmp_path / "pipeline.yaml"
+    config.write_text(f"index: {{storage_dir: {index_dir}}}\nretriever: {{mode: hybrid, similarity_top_k: 3}}\n", encoding="utf-8")
+    assert main(["-q", "query", "How much is the late payment fee?", "--config", str(config)]) == EXIT_OK
+    captured = capsys.readouterr()
+    assert "answering from its last committed state (read-only)" in captured.err and "late" in captured.out.lower()
+    config.write_text(f"index: {{storage_dir: {index_dir}}}\nretriever: {{mode: qdrant_hybrid, similarity_top_k: 3}}\n", encoding="utf-8")
+    assert main(["-q", "query", "How much is the late payment fee?", "--config", str(config)]) == EXIT_BUSY  # engine-side: needs the shard
