@@ -415,10 +415,11 @@ def persisted_node_json(node: BaseNode) -> bytes:
 
     Cached per node object by :meth:`BM25Retriever.persist`: a snapshot's nodes are the index's
     own copies, never changed in place (updates build new snapshots around new copies; readers
-    get copies). Caveat: those copies (``copy_node``) have their own metadata but share the
-    other containers (relationships, excluded-key lists, embedding) with the node the caller
-    inserted and with the copies retrieval hands out; a caller changing one of those in place
-    changes the indexed node too (as before), and nodes.json then keeps the node as first saved.
+    get copies). Those copies (``copy_node``) have their own metadata, relationships dict,
+    excluded-key lists and embedding list; they share only the ``RelatedNodeInfo`` objects in
+    ``relationships`` with the node the caller inserted and with the copies retrieval hands
+    out: a caller changing one of those in place changes the indexed node in memory, and
+    nodes.json keeps it as first saved.
     """
     return json.dumps(doc_to_json(node), ensure_ascii=False).encode("utf-8")
 

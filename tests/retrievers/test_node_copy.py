@@ -48,6 +48,10 @@ def test_changing_a_node_copy_leaves_the_node_alone(metadata: dict) -> None:
     assert "metadata" in copied.__pydantic_fields_set__
     copied.text = "changed"
     copied.metadata["added"] = 1
+    copied.relationships[NodeRelationship.NEXT] = RelatedNodeInfo(node_id="n2")
+    del copied.relationships[NodeRelationship.SOURCE]
+    copied.excluded_embed_metadata_keys.append("added")
+    copied.excluded_llm_metadata_keys.append("added")
     for container in _containers(copied.metadata)[1:]:
         if isinstance(container, list):
             container.append("x")
