@@ -1427,9 +1427,11 @@ class HybridIndex:
             if cached is not None and cached[0] is snapshot:
                 return cached[1]
             if self._read_only is not None:  # Qdrant may hold an unfinished write: not read
-                self._dense = (snapshot, self._cached_dense_matrix(snapshot))
+                with _storage.paused_gc():
+                    self._dense = (snapshot, self._cached_dense_matrix(snapshot))
                 return self._dense[1]
-            matrix, complete = self._read_dense_matrix(snapshot)
+            with _storage.paused_gc():  # bulk allocation over a large heap: see storage.paused_gc
+                matrix, complete = self._read_dense_matrix(snapshot)
             if complete:
                 self._dense = (snapshot, matrix)
             return matrix
@@ -1457,16 +1459,19 @@ class HybridIndex:
         if not nodes or not self.store.exists():
             return DenseMatrix.build(nodes, np.zeros((len(nodes), dim), dtype=np.float32)), True
         with self._rw_lock.read():  # all pages from one state of the store
-            stored = self.store.dense_vectors()
-        point_ids = [_store.point_id(n.node_id) for n in nodes]
-        missing = [pid for pid in point_ids if pid not in stored]
-        extra = len(stored) - (len(nodes) - len(missing))
+            stored_ids, stored = self.store.dense_block()
+        if len(stored_ids) and stored.shape[1] != dim:
+            raise _storage.DamagedIndexError(
+                self.store.location, f"holds {stored.shape[1]}-dimensional vectors, the index {dim}-dimensional ones", self.storage_dir
+            )
+        position = {pid: i for i, pid in enumerate(stored_ids)}
+        rows = np.fromiter((position.get(_store.point_id(n.node_id), -1) for n in nodes), dtype=np.int64, count=len(nodes))
+        found = rows >= 0
+        missing = np.flatnonzero(~found)
+        extra = len(stored_ids) - int(found.sum())
         vectors = np.zeros((len(nodes), dim), dtype=np.float32)
-        for row, pid in enumerate(point_ids):
-            vec = stored.get(pid)
-            if vec is not None:
-                vectors[row] = vec
-        complete = not missing and not extra
+        vectors[found] = stored[rows[found]]
+        complete = not missing.size and not extra
         if not complete:
             # Seen only while a write is between its Qdrant and BM25 steps, or in a folder changed
             # outside HybridIndex: answer with what is there and read again on the next query.
@@ -1474,12 +1479,12 @@ class HybridIndex:
                 "%s: Qdrant and BM25 disagree (%d chunk(s) without a vector, %d vector(s) without a chunk); "
                 "if no update is running, rebuild the folder with from_documents(..., overwrite=True)",
                 self.storage_dir,
-                len(missing),
+                missing.size,
                 extra,
             )
         if complete and not self._vectors_checked and snapshot is self.bm25.snapshot:
             self._check_vectors(nodes, vectors)  # once per opened index: damage happens at rest
-        logger.debug("dense matrix: %d vectors read from Qdrant", len(stored))
+        logger.debug("dense matrix: %d vectors read from Qdrant", len(stored_ids))
         return DenseMatrix.build(nodes, vectors), complete
 
     def _check_vectors(self, nodes: Sequence[BaseNode], vectors: np.ndarray) -> None:
@@ -1488,18 +1493,21 @@ class HybridIndex:
         answers. Chunks whose embedding is no longer cached are not checked."""
         keys = [text_key(n.get_content(metadata_mode=MetadataMode.EMBED)) for n in nodes]
         cached = self.cache.get_many(model_key(self.embed_model), keys)
-        rows = [i for i, key in enumerate(keys) if key in cached]
         self._vectors_checked = True
-        if not rows:
+        rows = np.asarray([i for i, key in enumerate(keys) if key in cached], dtype=np.int64)
+        if not rows.size:
             return
-        stored = np.asarray(vectors[rows], dtype=np.float32)
-        expected = np.stack([cached[keys[i]] for i in rows]).astype(np.float32)
-        stored /= np.maximum(np.linalg.norm(stored, axis=1, keepdims=True), 1e-12)
-        expected /= np.maximum(np.linalg.norm(expected, axis=1, keepdims=True), 1e-12)
-        bad = np.flatnonzero(~((stored * expected).sum(axis=1) >= 0.99))  # NaN (garbage bytes) is bad too
+        stored = vectors if rows.size == len(keys) else vectors[rows]
+        found = [cached[keys[i]] for i in rows.tolist()]
+        bad = np.asarray([j for j, vec in enumerate(found) if vec.shape != (stored.shape[1],)], dtype=np.int64)
+        if not bad.size:  # cosine(stored, expected) row by row, without normalised copies of either matrix
+            expected = np.stack(found).astype(np.float32, copy=False)
+            dots = np.einsum("ij,ij->i", stored, expected).astype(np.float64)
+            norms = np.sqrt(np.einsum("ij,ij->i", stored, stored).astype(np.float64) * np.einsum("ij,ij->i", expected, expected))
+            bad = np.flatnonzero(~(dots >= 0.99 * np.maximum(norms, 1e-24)))  # NaN (garbage bytes) is bad too
         if bad.size:
             self._vectors_checked = False
-            node = nodes[rows[int(bad[0])]]
+            node = nodes[int(rows[int(bad[0])])]
             where = self.store.location
             raise _storage.DamagedIndexError(
                 where,

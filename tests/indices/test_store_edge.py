@@ -357,3 +357,31 @@ def test_unindexed_vectors_counts_dense_vectors_outside_hnsw(tmp_path: Path) -> 
         assert reopened.unindexed_vectors() == 0  # HNSW persisted
     finally:
         reopened.close()
+
+
+def test_dense_block_is_every_vector_in_one_matrix(tmp_path: Path) -> None:
+    """``dense_block`` (the dense matrix's source, converted page by page) holds what
+    ``dense_vectors`` holds, on both transports, across several scroll pages."""
+    from qdrant_client import QdrantClient
+
+    from llama_index_retrieval_kit.indices.store import SCROLL_PAGE, ServerPoints
+
+    rng = np.random.default_rng(5)
+    n = SCROLL_PAGE + 37
+    nodes, vectors, sparse = _nodes(n), _unit(rng, n), _sparse(rng, n)
+    edge = EdgePoints(tmp_path / "edge")
+    server = ServerPoints(QdrantClient(location=":memory:"), "block")
+    try:
+        assert edge.dense_block()[0] == [] and server.dense_block()[0] == []  # nothing created yet
+        edge.create(DIM)
+        server.create(DIM)
+        for store in (edge, server):
+            write(store, nodes, vectors, sparse)
+            ids, block = store.dense_block()
+            by_id = store.dense_vectors()
+            assert block.dtype == np.float32 and block.shape == (n, DIM) and sorted(ids) == sorted(by_id)
+            np.testing.assert_array_equal(block, np.asarray([by_id[i] for i in ids], dtype=np.float32))
+            np.testing.assert_allclose(block[ids.index(point_id("n007"))], vectors[7], atol=1e-6)
+    finally:
+        edge.close()
+        server.close()
