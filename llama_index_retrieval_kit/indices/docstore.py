@@ -219,6 +219,12 @@ class IndexDocumentStore(SimpleDocumentStore):
         return cls(FragmentCachingKVStore.from_persist_path(persist_path, fs=fs), namespace)
 
     @classmethod
+    def from_json_bytes(cls, raw: bytes, namespace: Optional[str] = None) -> "IndexDocumentStore":
+        """A docstore from the bytes of a file ``persist`` wrote (as :meth:`from_persist_path`
+        reads it)."""
+        return cls(FragmentCachingKVStore.adopting(json.loads(raw)), namespace)
+
+    @classmethod
     def from_dict(cls, save_dict: dict, namespace: Optional[str] = None) -> "IndexDocumentStore":
         """A docstore holding a copy of ``save_dict`` (``SimpleDocumentStore.to_dict``'s form)."""
         return cls(FragmentCachingKVStore(save_dict), namespace)

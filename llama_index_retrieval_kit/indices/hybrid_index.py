@@ -50,7 +50,7 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 from llama_index.core.base.base_retriever import BaseRetriever
@@ -232,7 +232,7 @@ def _read_committed(
     storage: Path, manifest: IndexManifest, custom_tokenizer: Any, qdrant_url: Optional[str]
 ) -> tuple[IndexManifest, bool, BM25Retriever, Any]:
     """The committed generation ``manifest`` names, checked and read: ``(manifest, verified, bm25,
-    docstore)``. A writer in another process deletes a generation's files once it committed the
+    docstore)`` (the docstore, or when verified a callable parsing it: see ``read_generation``). A writer in another process deletes a generation's files once it committed the
     next one; when the files go while they are read, ``index.json`` is read again and the newer
     generation read instead (up to :data:`GENERATION_READ_ATTEMPTS` times); damage is an error."""
     manifest_file = storage / _storage.MANIFEST
@@ -240,7 +240,9 @@ def _read_committed(
         gen = manifest.generation
         try:
             verified = _storage.verify_generation(storage, gen, manifest.integrity_record, manifest_file)
-            bm25, docstore = read_generation(storage, gen, custom_tokenizer)
+            # A verified docstore is parsed on first use (a query-only process never parses it);
+            # an unverified one now, so that damage is an error of the open.
+            bm25, docstore = read_generation(storage, gen, custom_tokenizer, defer_docstore=verified)
             return manifest, verified, bm25, docstore
         except (_storage.DamagedIndexError, OSError):  # OSError: a file gone while it was hashed
             disk = IndexManifest.read(manifest_file, READABLE_FORMATS)
@@ -388,7 +390,7 @@ class HybridIndex:
         node_parser: NodeParser,
         store: Any,
         bm25: BM25Retriever,
-        docstore: SimpleDocumentStore,
+        docstore: Union[SimpleDocumentStore, Callable[[], SimpleDocumentStore]],
         tokenizer_config: BM25TokenizerConfig,
         cache: Optional[EmbeddingCache] = None,
     ) -> None:
@@ -398,7 +400,8 @@ class HybridIndex:
         self.node_parser = node_parser
         self.store = store  # the point store: indices.store.EdgePoints or ServerPoints
         self.bm25 = bm25
-        self.docstore = docstore
+        self._docstore_lock = threading.Lock()
+        self._set_docstore(docstore)
         self.tokenizer_config = tokenizer_config
         self.cache = cache if cache is not None else EmbeddingCache(storage_dir / "embeddings.sqlite")
         # An index never closed is closed when it is collected or at interpreter exit, before
@@ -417,6 +420,32 @@ class HybridIndex:
         self._served_elsewhere: Optional[str] = None  # why this object may not write (load(qdrant_url=) of an embedded folder)
         self._write_start_snapshot: Any = None  # the BM25 state the running write started from
         self._vectors_checked = False  # the store's vectors compared with the embedding cache (once)
+
+    @property
+    def docstore(self) -> SimpleDocumentStore:
+        """Every node of the index (parents too) by id, and each document's node ids: LlamaIndex's
+        docstore (:class:`~.docstore.IndexDocumentStore`). Parsed from the committed file on first
+        use after an open (queries never need it)."""
+        docstore = self._docstore
+        if docstore is None:
+            with self._docstore_lock:
+                if self._docstore is None:
+                    self._docstore = self._docstore_loader()
+                    self._docstore_loader = None
+                docstore = self._docstore
+        return docstore
+
+    @docstore.setter
+    def docstore(self, docstore: SimpleDocumentStore) -> None:
+        self._set_docstore(docstore)
+
+    def _set_docstore(self, docstore: Union[SimpleDocumentStore, Callable[[], SimpleDocumentStore]]) -> None:
+        """A docstore, or a callable returning it, called on first use (``read_generation(defer_docstore=True)``)."""
+        with self._docstore_lock:
+            if isinstance(docstore, SimpleDocumentStore):
+                self._docstore, self._docstore_loader = docstore, None
+            else:
+                self._docstore, self._docstore_loader = None, docstore
 
     @property
     def manifest(self) -> IndexManifest:
@@ -741,7 +770,7 @@ class HybridIndex:
         manifest, _, committed, docstore = _read_committed(self.storage_dir, manifest, self.tokenizer_config.custom_tokenizer, url)
         with self._dense_lock:
             self.bm25.restore_snapshot(committed.snapshot)  # retrievers made earlier see it too
-            self.docstore = docstore
+            self._set_docstore(docstore)
             self._journal.amend(manifest)
             self._dense = None
         logger.info("%s: now serving generation %d", self.storage_dir, manifest.generation)

@@ -91,11 +91,11 @@ def test_a_generation_replaced_while_it_is_read_is_followed(index: HybridIndex, 
     real = hybrid_index_module.read_generation
     calls = []
 
-    def racing(storage, generation, custom_tokenizer=None):
+    def racing(storage, generation, custom_tokenizer=None, **options):
         calls.append(generation)
         if len(calls) == 1:
             index.upsert([Document(id_="race.md", text="Committed while the reader was reading.")])
-        return real(storage, generation, custom_tokenizer)
+        return real(storage, generation, custom_tokenizer, **options)
 
     monkeypatch.setattr(hybrid_index_module, "read_generation", racing)
     with HybridIndex.load(index_dir, embed_model=embed_model, read_only=True) as reader:
@@ -169,3 +169,21 @@ def test_the_cli_with_a_config_answers_read_only_beside_an_open_writer(index: Hy
     assert "answering from its last committed state (read-only)" in captured.err and "late" in captured.out.lower()
     config.write_text(f"index: {{storage_dir: {index_dir}}}\nretriever: {{mode: qdrant_hybrid, similarity_top_k: 3}}\n", encoding="utf-8")
     assert main(["-q", "query", "How much is the late payment fee?", "--config", str(config)]) == EXIT_BUSY  # engine-side: needs the shard
+
+
+def test_a_query_only_open_never_parses_the_docstore(index_dir: Path, embed_model, bundles, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The committed docstore file is read on open but parsed on first use: queries never use it."""
+    from llama_index_retrieval_kit.indices.docstore import IndexDocumentStore
+
+    parsed = []
+    real = IndexDocumentStore.from_json_bytes.__func__
+    monkeypatch.setattr(IndexDocumentStore, "from_json_bytes", classmethod(lambda cls, raw, namespace=None: parsed.append(1) or real(cls, raw, namespace)))
+    for read_only in (True, False):
+        parsed.clear()
+        with HybridIndex.load(index_dir, embed_model=embed_model, read_only=read_only) as index:
+            for mode in IN_MEMORY_MODES:
+                index.as_retriever(mode).retrieve(bundles[2])
+            assert parsed == []
+            assert _support.CHANGED_DOC in index.doc_ids() and parsed == [1]  # parsed once, when needed
+            index.doc_ids()
+            assert parsed == [1]
