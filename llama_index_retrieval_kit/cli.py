@@ -168,6 +168,7 @@ def cmd_index(args: argparse.Namespace) -> int:
     if args.storage is None and (config is None or config.index.storage_dir is None):
         raise CLIError("--storage is required" + (f" (or index.storage_dir in {args.config})" if args.config else ""))
     storage = Path(args.storage) if args.storage is not None else config.storage_dir
+    want_hnsw = bool(args.hnsw or (config is not None and config.index.build_hnsw))
     if config is not None:
         from .pipeline import make_reader
 
@@ -201,7 +202,7 @@ def cmd_index(args: argparse.Namespace) -> int:
                 index.delete(old)  # after the upsert committed: the file is never missing from the index
             if rekeyed:
                 stats["migrated"] = len(rekeyed)
-            if args.hnsw:
+            if want_hnsw:
                 stats["hnsw"] = "optimised" if index.optimize() else "up to date"
             total = len(index)
     else:
@@ -209,13 +210,14 @@ def cmd_index(args: argparse.Namespace) -> int:
             from .pipeline import index_build_kwargs
 
             build_kwargs = index_build_kwargs(config)
+            build_kwargs["build_hnsw"] = False  # built below, as for an update (and reported)
         else:
             build_kwargs = {"node_parser": make_parser(args.parser or "window", args.chunk_size, args.chunk_overlap)}
         with HybridIndex.from_documents(
             documents, storage, overwrite=args.rebuild, show_progress=not args.quiet, **build_kwargs
         ) as index:
             stats = {"documents": len(documents), "chunks": len(index)}
-            if args.hnsw:
+            if want_hnsw:
                 stats["hnsw"] = "optimised" if index.optimize() else "up to date"
             total = len(index)
     _out(f"indexed {stats}; {total} chunks in {storage}")

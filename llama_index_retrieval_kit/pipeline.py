@@ -18,7 +18,7 @@ The file has one section per stage, in the shape of the design documents::
       chunk_size: 200
       chunk_overlap: 40
     embedding: {model: sentence-transformers/all-MiniLM-L6-v2}
-    index: {storage_dir: index/}    # + qdrant_url, qdrant_api_key_env, bm25_k1, bm25_b
+    index: {storage_dir: index/}    # + qdrant_url, qdrant_api_key_env, bm25_k1, bm25_b, build_hnsw
     retriever: {mode: hybrid, similarity_top_k: 5}   # + candidate_top_k, weights, rrf_k, dense_search, filters
     no_answer: {gate_path: gate.json}                # a calibrated gate (`rkit calibrate --config`), or similarity_cutoff
     reranker: {model: cross-encoder/ms-marco-MiniLM-L6-v2, backend: sentence_transformers, top_n: 5}
@@ -231,6 +231,11 @@ class IndexConfig(_Section):
     )
     bm25_k1: Number = Field(default=1.2, ge=0, description="BM25 k1 (term frequency saturation).")
     bm25_b: Number = Field(default=0.75, ge=0, le=1, description="BM25 b (length normalisation).")
+    build_hnsw: bool = Field(
+        default=False,
+        description="After each build or update, build the embedded engine's HNSW index (HybridIndex.optimize): "
+        "only qdrant_hybrid and dense_search: qdrant use it; the default modes search exactly in memory.",
+    )
 
     @field_validator("storage_dir", "qdrant_url", "qdrant_api_key_env", mode="after")
     @classmethod
@@ -705,6 +710,8 @@ def build_index(
         index = open_index(config, embed_model=embed_model)
         try:
             index.upsert(documents, show_progress=show_progress, allow_source_change=allow_source_change)
+            if config.index.build_hnsw:
+                index.optimize()
         except BaseException:
             index.close()
             raise
@@ -721,6 +728,7 @@ def index_build_kwargs(config: PipelineConfig, embed_model: Any = None) -> Dict[
         "bm25_b": float(config.index.bm25_b),
         "qdrant_url": config.index.qdrant_url,
         "qdrant_api_key": _api_key(config),
+        "build_hnsw": bool(config.index.build_hnsw),
     }
 
 

@@ -596,3 +596,27 @@ def test_the_reader_section_reads_the_files(tmp_path: Path) -> None:
     assert not (tmp_path / "index").exists()
     with pytest.raises(PipelineConfigError, match="key 'reader.paths': no files to read"):
         read_pipeline_documents(PipelineConfig.from_dict({}))
+
+
+
+def test_build_hnsw_in_the_config_runs_the_engine_optimisers_after_a_build_and_an_update(tmp_path, monkeypatch) -> None:
+    from llama_index.core import Document
+    from llama_index.core.embeddings import MockEmbedding
+
+    from llama_index_retrieval_kit.indices.store import EdgePoints
+    from llama_index_retrieval_kit.pipeline import PipelineConfig, build_index
+
+    runs = []
+    real = EdgePoints.optimize
+    monkeypatch.setattr(EdgePoints, "optimize", lambda self: runs.append(self.path.name) or real(self))
+    model = MockEmbedding(embed_dim=8)
+    for build_hnsw in (False, True):
+        runs.clear()
+        config = PipelineConfig.model_validate({"index": {"storage_dir": str(tmp_path / f"index-{build_hnsw}"), "build_hnsw": build_hnsw}})
+        with build_index(config, [Document(id_=f"d{i}", text=f"clause {i} about fees") for i in range(3)], embed_model=model):
+            pass
+        with build_index(config, [Document(id_="d9", text="a new clause")], embed_model=model) as index:
+            assert len(index) == 4
+        assert len(runs) == (2 if build_hnsw else 0)  # after the build and after the update
+    with pytest.raises(Exception, match="build_hnsw"):
+        PipelineConfig.model_validate({"index": {"storage_dir": "x", "build_hnsw": "sometimes"}})
