@@ -225,6 +225,8 @@ class _UnopenedStore:
         """Nothing was opened."""
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):  # protocols (copy, pickle, hasattr probes) see a plain object
+            raise AttributeError(name)
         raise self._error
 
 
@@ -232,9 +234,11 @@ def _read_committed(
     storage: Path, manifest: IndexManifest, custom_tokenizer: Any, qdrant_url: Optional[str]
 ) -> tuple[IndexManifest, bool, BM25Retriever, Any]:
     """The committed generation ``manifest`` names, checked and read: ``(manifest, verified, bm25,
-    docstore)`` (the docstore, or when verified a callable parsing it: see ``read_generation``). A writer in another process deletes a generation's files once it committed the
-    next one; when the files go while they are read, ``index.json`` is read again and the newer
-    generation read instead (up to :data:`GENERATION_READ_ATTEMPTS` times); damage is an error."""
+    docstore)``; the docstore, or when verified a callable parsing it (see ``read_generation``).
+
+    A writer in another process deletes a generation's files once it committed the next one;
+    when the files go while they are read, ``index.json`` is read again and the newer generation
+    read instead (up to :data:`GENERATION_READ_ATTEMPTS` times); damage is an error."""
     manifest_file = storage / _storage.MANIFEST
     for attempt in range(GENERATION_READ_ATTEMPTS):
         gen = manifest.generation
