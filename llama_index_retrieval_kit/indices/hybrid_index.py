@@ -205,6 +205,7 @@ READ_ONLY_ADVICE = (
     "Open it with HybridIndex.load(...) without read_only=True in the one process that writes, or use "
     "mode='hybrid' (or dense, sparse, hybrid_score, hybrid_rrf) here"
 )
+SERVED_ELSEWHERE_ADVICE = "Write through a HybridIndex.load of the folder without qdrant_url="
 #: How often :func:`_read_committed` reads ``index.json`` again when the generation it named was
 #: replaced by another process's commit while being read.
 GENERATION_READ_ATTEMPTS = 5
@@ -723,6 +724,7 @@ class HybridIndex:
         index._served_elsewhere = served_elsewhere
         if read_only:  # a server's collection, searched as usual; nothing rolled back or written from here
             index._served_elsewhere = served_elsewhere or READ_ONLY_REASON
+            index._opened_read_only = True
             return index
         try:
             if legacy:
@@ -1166,7 +1168,8 @@ class HybridIndex:
 
     def _check_writable(self) -> None:
         if self._served_elsewhere is not None:
-            raise _storage.IndexReadOnlyError(self.storage_dir, self._served_elsewhere)
+            advice = READ_ONLY_ADVICE if self._opened_read_only else SERVED_ELSEWHERE_ADVICE
+            raise _storage.IndexReadOnlyError(self.storage_dir, self._served_elsewhere, advice)
         if self._read_only is not None:
             raise _storage.IndexReadOnlyError(self.storage_dir, self._read_only, READ_ONLY_ADVICE if self._opened_read_only else None)
 

@@ -187,3 +187,32 @@ def test_a_query_only_open_never_parses_the_docstore(index_dir: Path, embed_mode
             assert _support.CHANGED_DOC in index.doc_ids() and parsed == [1]  # parsed once, when needed
             index.doc_ids()
             assert parsed == [1]
+
+
+def test_a_reader_of_a_server_folder_searches_the_server_and_follows_its_writer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from llama_index.core.embeddings import MockEmbedding
+    from qdrant_client import QdrantClient
+
+    client = QdrantClient(location=":memory:")  # stands in for a Qdrant server both objects share
+
+    class Shared:
+        def __getattr__(self, name):
+            return getattr(client, name)
+
+        def close(self, **kwargs):
+            pass
+
+    monkeypatch.setattr(hybrid_index_module, "server_client", lambda url, api_key=None: Shared())
+    model = MockEmbedding(embed_dim=8)
+    docs = [Document(id_=f"d{i}", text=f"fee clause {i} about late payment") for i in range(4)]
+    with HybridIndex.from_documents(docs, tmp_path / "index", embed_model=model, qdrant_url="http://qdrant.invalid:6333") as writer:
+        with HybridIndex.load(tmp_path / "index", embed_model=model, read_only=True) as reader:
+            assert reader.store.kind == "server"
+            assert len(reader.as_retriever("qdrant_hybrid").retrieve("late payment")) == 4  # engine-side search works
+            with pytest.raises(IndexReadOnlyError, match="opened with read_only=True.*without read_only=True"):
+                reader.upsert([Document(id_="x", text="refused")])
+            writer.upsert([Document(id_="zebra", text="the zebra clause")])
+            assert reader.refresh() is True
+            assert "zebra" in reader.doc_ids()
+            assert reader.as_retriever("sparse").retrieve("zebra")[0].node.ref_doc_id == "zebra"
+    client.close()
