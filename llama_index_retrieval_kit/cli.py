@@ -410,6 +410,22 @@ def _open_for_query(storage: Path, mode: str):
     return index
 
 
+def _open_config_index_for_reading(config: PipelineConfig):
+    """``pipeline.open_index(config)``; when another process holds the folder, read-only (as
+    :func:`_open_for_query`), unless the config searches in the engine."""
+    from .indices import IndexBusyError
+    from .pipeline import open_index
+
+    try:
+        return open_index(config)
+    except IndexBusyError:
+        if config.retriever.mode == "qdrant_hybrid" or config.retriever.dense_search == "qdrant":
+            raise
+    index = open_index(config, read_only=True)
+    sys.stderr.write(f"rkit: {config.storage_dir} is open in another process: answering from its last committed state (read-only)\n")
+    return index
+
+
 def _pipeline_retriever_for_query(config: PipelineConfig, stack: ExitStack) -> PipelineRetriever:
     """``pipeline.build_retriever(config)`` (closed by ``stack``); when another process holds the
     folder, over the committed index opened read-only (as :func:`_open_for_query`), unless the
@@ -562,21 +578,20 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from contextlib import ExitStack
 
     from .evaluation import load_dataset
-    from .indices import HybridIndex
     from .postprocessor.no_answer import NoAnswerPostprocessor
 
     dataset = load_dataset(args.dataset)
     reranker = None
     with ExitStack() as stack:
         if config is None:
-            index = stack.enter_context(HybridIndex.load(storage))
+            index = stack.enter_context(_open_for_query(storage, mode))
 
             def make_retriever(filters=None):
                 return index.as_retriever(mode, similarity_top_k=top_k, filters=filters)
         else:
-            from .pipeline import PostprocessedRetriever, open_index
+            from .pipeline import PostprocessedRetriever
 
-            index = stack.enter_context(open_index(config))
+            index = stack.enter_context(_open_config_index_for_reading(config))
             options = config.retriever.as_retriever_kwargs()
             base_filters = options.pop("filters", None)
             if config.stage_enabled("reranker"):

@@ -216,3 +216,13 @@ def test_a_reader_of_a_server_folder_searches_the_server_and_follows_its_writer(
             assert "zebra" in reader.doc_ids()
             assert reader.as_retriever("sparse").retrieve("zebra")[0].node.ref_doc_id == "zebra"
     client.close()
+
+
+def test_the_cli_calibrates_read_only_beside_an_open_writer(index: HybridIndex, index_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from llama_index_retrieval_kit.cli import EXIT_OK, main
+    from llama_index_retrieval_kit.samples import QUESTIONS_FILE
+
+    gate = tmp_path / "gate.json"
+    assert main(["-q", "calibrate", "--storage", str(index_dir), "--dataset", str(QUESTIONS_FILE), "--out", str(gate)]) == EXIT_OK
+    assert "answering from its last committed state (read-only)" in capsys.readouterr().err
+    assert gate.exists() and '"threshold"' in gate.read_text(encoding="utf-8")
