@@ -21,14 +21,12 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ._enums import RetrieverMode
 
 if TYPE_CHECKING:  # pragma: no cover - annotations only (importing the CLI stays light)
-    from contextlib import ExitStack
-
-    from .pipeline import PipelineConfig, PipelineRetriever
+    from .pipeline import PipelineConfig
 
 logger = logging.getLogger("llama_index_retrieval_kit")
 
@@ -47,8 +45,8 @@ EXIT_CODES = {
     EXIT_USAGE: "bad arguments or input (the message says what to change), or a missing optional extra "
     "(the message names it: pip install 'llama-index-retrieval-kit[EXTRA]')",
     EXIT_BUSY: "the index is open or being written by another process (or read-only after a failed write): "
-    "close it, or serve the index from a Qdrant server (rkit query answers read-only beside it, but for "
-    "--mode qdrant_hybrid)",
+    "close it, or serve the index from a Qdrant server (rkit query and calibrate read it read-only beside "
+    "it, but for --mode qdrant_hybrid)",
     EXIT_DAMAGED: "the index folder is damaged (the message names the file and how to rebuild)",
     EXIT_INTERNAL: "internal error (a bug): rerun with --verbose for the traceback",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
@@ -394,54 +392,36 @@ def _query(retriever, question: str, stages: Sequence) -> tuple[list, dict | Non
     return run(question)
 
 
-def _open_for_query(storage: Path, mode: str):
-    """``HybridIndex.load(storage)``; when another process holds the folder (it is open or being
-    written there), the committed index read-only instead (``load(read_only=True)``: every mode but
-    ``qdrant_hybrid``), with a note on stderr."""
-    from .indices import HybridIndex, IndexBusyError
+def _open_or_read_only(open_index: Callable[[bool], Any], storage: Path, engine_side: bool) -> Any:
+    """``open_index(False)``; when another process holds the folder (it is open or being written
+    there), ``open_index(True)``: the committed index read-only (``HybridIndex.load(read_only=True)``),
+    with a note on stderr, unless the caller searches in the engine (``engine_side``), which needs
+    the shard."""
+    from .indices import IndexBusyError
 
     try:
-        return HybridIndex.load(storage)
+        return open_index(False)
     except IndexBusyError:
-        if mode == "qdrant_hybrid":
+        if engine_side:
             raise
-    index = HybridIndex.load(storage, read_only=True)
+    index = open_index(True)
     sys.stderr.write(f"rkit: {storage} is open in another process: answering from its last committed state (read-only)\n")
     return index
 
 
-def _open_config_index_for_reading(config: PipelineConfig):
-    """``pipeline.open_index(config)``; when another process holds the folder, read-only (as
-    :func:`_open_for_query`), unless the config searches in the engine."""
-    from .indices import IndexBusyError
+def _open_for_query(storage: Path, mode: str) -> Any:
+    """The index folder ``storage`` for a command that only reads it (:func:`_open_or_read_only`)."""
+    from .indices import HybridIndex
+
+    return _open_or_read_only(lambda read_only: HybridIndex.load(storage, read_only=read_only), storage, mode == "qdrant_hybrid")
+
+
+def _open_config_index_for_reading(config: PipelineConfig) -> Any:
+    """``pipeline.open_index(config)`` for a command that only reads it (:func:`_open_or_read_only`)."""
     from .pipeline import open_index
 
-    try:
-        return open_index(config)
-    except IndexBusyError:
-        if config.retriever.mode == "qdrant_hybrid" or config.retriever.dense_search == "qdrant":
-            raise
-    index = open_index(config, read_only=True)
-    sys.stderr.write(f"rkit: {config.storage_dir} is open in another process: answering from its last committed state (read-only)\n")
-    return index
-
-
-def _pipeline_retriever_for_query(config: PipelineConfig, stack: ExitStack) -> PipelineRetriever:
-    """``pipeline.build_retriever(config)`` (closed by ``stack``); when another process holds the
-    folder, over the committed index opened read-only (as :func:`_open_for_query`), unless the
-    config searches in the engine (``qdrant_hybrid``, ``dense_search: qdrant``)."""
-    from .indices import IndexBusyError
-    from .pipeline import build_retriever, open_index
-
-    try:
-        return stack.enter_context(build_retriever(config))
-    except IndexBusyError:
-        if config.retriever.mode == "qdrant_hybrid" or config.retriever.dense_search == "qdrant":
-            raise
-    index = stack.enter_context(open_index(config, read_only=True))
-    retriever = stack.enter_context(build_retriever(config, index=index))
-    sys.stderr.write(f"rkit: {config.storage_dir} is open in another process: answering from its last committed state (read-only)\n")
-    return retriever
+    engine_side = config.retriever.mode == "qdrant_hybrid" or config.retriever.dense_search == "qdrant"
+    return _open_or_read_only(lambda read_only: open_index(config, read_only=read_only), config.storage_dir, engine_side)
 
 
 def cmd_query(args: argparse.Namespace) -> int:
@@ -484,7 +464,8 @@ def cmd_query(args: argparse.Namespace) -> int:
         else:
             from .pipeline import build_retriever
 
-            retriever = _pipeline_retriever_for_query(config, stack)
+            index = stack.enter_context(_open_config_index_for_reading(config))
+            retriever = stack.enter_context(build_retriever(config, index=index))
         if trace:
             from .tracing import TraceCollector
 

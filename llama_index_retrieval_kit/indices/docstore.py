@@ -17,7 +17,6 @@ folder written by either reads with either). It changes two things:
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import os
@@ -31,6 +30,7 @@ from llama_index.core.storage.kvstore.simple_kvstore import SimpleKVStore
 from llama_index.core.storage.kvstore.types import DEFAULT_COLLECTION
 
 from .._json_fragments import FragmentCache, dict_item_json, dict_key_json
+from ..retrievers.node_copy import copy_metadata
 
 logger = logging.getLogger(__name__)
 
@@ -46,31 +46,9 @@ def json_copy(value: Any) -> Any:
     return value
 
 
-_SCALARS = frozenset({str, int, float, bool, type(None)})
-
-
-def private_copy(value: Any) -> Any:
-    """A copy of a stored value that shares nothing mutable that ``json.dumps`` encodes.
-
-    Dicts, lists and tuples are copied at every depth (types kept; subclasses through
-    ``copy.deepcopy``); strings and numbers (subclasses too: enums) are immutable and shared.
-    Any other object is shared: ``json.dumps`` cannot encode it, so no persist succeeds while it
-    is stored (as with ``SimpleKVStore``).
-    """
-    kind = type(value)
-    if kind in _SCALARS:
-        return value
-    if kind is dict:
-        return {k: v if type(v) in _SCALARS else private_copy(v) for k, v in value.items()}
-    if kind is list:
-        return [v if type(v) in _SCALARS else private_copy(v) for v in value]
-    if kind is tuple:
-        return tuple(private_copy(v) for v in value)
-    if isinstance(value, (str, int, float)):
-        return value
-    if isinstance(value, (dict, list, tuple)):
-        return copy.deepcopy(value)
-    return value
+#: A stored value's private copy: containers copied at every depth, immutable scalars shared,
+#: anything else deep-copied (the package's one copier of JSON-like values).
+private_copy = copy_metadata
 
 
 def _entry_json(key: Any, entry: Any) -> bytes:
@@ -155,8 +133,12 @@ class FragmentCachingKVStore(SimpleKVStore):
         fs = fs or fsspec.filesystem("file")
         logger.debug("loading a key-value store from %s", persist_path)
         with fs.open(persist_path, "rb") as f:
-            data = json.load(f)
-        return cls.adopting(data)
+            return cls.from_json_bytes(f.read())
+
+    @classmethod
+    def from_json_bytes(cls, raw: bytes) -> "FragmentCachingKVStore":
+        """The store in ``raw``, the bytes of a file ``persist`` wrote (entries adopted, not copied)."""
+        return cls.adopting(json.loads(raw))
 
     @classmethod
     def adopting(cls, data: Dict[str, Dict[str, dict]]) -> "FragmentCachingKVStore":
@@ -222,7 +204,7 @@ class IndexDocumentStore(SimpleDocumentStore):
     def from_json_bytes(cls, raw: bytes, namespace: Optional[str] = None) -> "IndexDocumentStore":
         """A docstore from the bytes of a file ``persist`` wrote (as :meth:`from_persist_path`
         reads it)."""
-        return cls(FragmentCachingKVStore.adopting(json.loads(raw)), namespace)
+        return cls(FragmentCachingKVStore.from_json_bytes(raw), namespace)
 
     @classmethod
     def from_dict(cls, save_dict: dict, namespace: Optional[str] = None) -> "IndexDocumentStore":

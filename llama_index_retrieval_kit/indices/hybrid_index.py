@@ -258,6 +258,17 @@ def _read_committed(
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+def _unreadable_cache(storage: Path, exc: Exception, read_only: bool = False) -> _storage.DamagedIndexError:
+    """The error of an ``embeddings.sqlite`` SQLite cannot read (it only caches: deleting it is the repair)."""
+    where = " (in a writable open)" if read_only else ""
+    return _storage.DamagedIndexError(
+        storage / "embeddings.sqlite",
+        f"is not a readable SQLite database ({exc})",
+        storage,
+        repair=f"it only caches embeddings: delete it{where} and open the index again",
+    )
+
+
 def _close_quietly(store: Any, cache: Any) -> None:
     """Close a point store and an embedding cache, ignoring errors (finalizer of HybridIndex)."""
     for resource in (store, cache):
@@ -715,12 +726,7 @@ class HybridIndex:
             index = cls(storage, manifest, embed_model, node_parser, store, bm25, docstore, bm25.tokenizer_config)
         except sqlite3.DatabaseError as exc:
             store.close()
-            raise _storage.DamagedIndexError(
-                storage / "embeddings.sqlite",
-                f"is not a readable SQLite database ({exc})",
-                storage,
-                repair="it only caches embeddings: delete it and open the index again",
-            ) from None
+            raise _unreadable_cache(storage, exc) from None
         index._served_elsewhere = served_elsewhere
         if read_only:  # a server's collection, searched as usual; nothing rolled back or written from here
             index._served_elsewhere = served_elsewhere or READ_ONLY_REASON
@@ -745,12 +751,7 @@ class HybridIndex:
         try:
             cache = EmbeddingCache(storage / "embeddings.sqlite", read_only=True)
         except sqlite3.DatabaseError as exc:
-            raise _storage.DamagedIndexError(
-                storage / "embeddings.sqlite",
-                f"is not a readable SQLite database ({exc})",
-                storage,
-                repair="it only caches embeddings: delete it (in a writable open) and open the index again",
-            ) from None
+            raise _unreadable_cache(storage, exc, read_only=True) from None
         index = cls(storage, manifest, embed_model, node_parser, _UnopenedStore(storage / STORE_DIR, error), bm25, docstore, bm25.tokenizer_config, cache=cache)
         index._read_only = READ_ONLY_REASON
         index._opened_read_only = True
@@ -774,13 +775,19 @@ class HybridIndex:
         url = self.manifest.qdrant_url
         manifest = disk.with_qdrant_url(url) if url else disk
         manifest, _, committed, docstore = _read_committed(self.storage_dir, manifest, self.tokenizer_config.custom_tokenizer, url)
-        with self._dense_lock:
-            self.bm25.restore_snapshot(committed.snapshot)  # retrievers made earlier see it too
-            self._set_docstore(docstore)
-            self._journal.amend(manifest)
-            self._dense = None
+        self._serve_generation(manifest, committed, docstore)
         logger.info("%s: now serving generation %d", self.storage_dir, manifest.generation)
         return True
+
+    def _serve_generation(self, manifest: IndexManifest, committed: BM25Retriever, docstore: Any) -> None:
+        """Answer from a generation just read (``manifest``, its BM25 index and its docstore, or a
+        callable parsing it): swapped in place, so retrievers made earlier (BM25 views) see it too.
+        A dense matrix of the previous snapshot is not reused (:meth:`dense_matrix` keys it by
+        snapshot)."""
+        self.bm25.restore_snapshot(committed.snapshot)
+        self._set_docstore(docstore)
+        self._journal.amend(manifest)
+        self._dense = None
 
     @staticmethod
     def _open_store(storage: Path, manifest: IndexManifest, api_key: Optional[str], fresh: bool = False) -> Any:
@@ -1143,11 +1150,7 @@ class HybridIndex:
             gen = disk.generation
             _storage.verify_generation(self.storage_dir, gen, disk.integrity_record, self._journal.path)
             committed, docstore = read_generation(self.storage_dir, gen, self.tokenizer_config.custom_tokenizer)
-            # Swap the state in place, so retrievers made earlier (BM25 views) see it too.
-            self.bm25.restore_snapshot(committed.snapshot)
-            self.docstore = docstore
-            self._journal.amend(disk)
-            self._dense = None
+            self._serve_generation(disk, committed, docstore)
         else:
             self._journal.amend(self.manifest.with_pending(disk.pending))
         pending = self.manifest.pending

@@ -877,6 +877,14 @@ class _PointStore:
     def count(self, filter: Any = None) -> int:  # pragma: no cover - every transport defines it
         raise NotImplementedError
 
+    def dense_block(self) -> Tuple[List[str], np.ndarray]:  # pragma: no cover - every transport defines it
+        raise NotImplementedError
+
+    def dense_vectors(self) -> Dict[str, List[float]]:
+        """Every point's dense vector, by point id (:meth:`dense_block` as a dict of lists)."""
+        ids, block = self.dense_block()
+        return dict(zip(ids, block.tolist()))
+
     def ids_filter(self, allowed_node_ids: Sequence[str], excluded_node_ids: Sequence[str]) -> PointFilter:
         """A filter admitting exactly the points of ``allowed_node_ids`` (see :func:`id_list_filter`)."""
         return id_list_filter([point_id(n) for n in allowed_node_ids], [point_id(n) for n in excluded_node_ids])
@@ -1184,21 +1192,6 @@ class EdgePoints(_PointStore):
                 blocks.append(_dense_rows(rows, dim, self.path))
         return ids, np.concatenate(blocks) if blocks else np.zeros((0, dim), dtype=np.float32)
 
-    def dense_vectors(self) -> Dict[str, List[float]]:
-        """Every point's dense vector, by point id."""
-        self._check_open()
-        if self._engine is None or self._schema is None:
-            return {}
-        name = self._schema.dense_name
-        out: Dict[str, List[float]] = {}
-        for records in self._scroll(None, False, [name]):
-            for record in records:
-                vector = (record.vector or {}).get(name)
-                if vector is None:
-                    raise StoreDamagedError(self.path, f"holds point {record.id} without its dense vector {name!r}")
-                out[str(record.id)] = vector
-        return out
-
     def iter_points(self) -> Iterable[StoredPoint]:
         """Every stored point with its payload and both vectors (for checks and copies)."""
         self._check_open()
@@ -1462,15 +1455,6 @@ class ServerPoints(_PointStore):
             if rows:
                 blocks.append(_dense_rows(rows, len(rows[0]), self.location))
         return ids, np.concatenate(blocks) if blocks else np.zeros((0, 0), dtype=np.float32)
-
-    def dense_vectors(self) -> Dict[str, List[float]]:
-        if not self.exists():
-            return {}
-        out: Dict[str, List[float]] = {}
-        for points in self._scroll(None, False, [DENSE_VECTOR]):
-            for point in points:
-                out[str(point.id)] = point.vector[DENSE_VECTOR]
-        return out
 
     def iter_points(self) -> Iterable[StoredPoint]:
         """Every stored point with its payload and both vectors."""
