@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import fsspec
 from llama_index.core.schema import BaseNode
@@ -79,6 +79,12 @@ class FragmentCachingKVStore(SimpleKVStore):
 
     def put(self, key: str, val: dict, collection: str = DEFAULT_COLLECTION) -> None:
         super().put(key, private_copy(val), collection=collection)
+
+    def adopt_all(self, kv_pairs: Sequence[Tuple[str, dict]], collection: str = DEFAULT_COLLECTION) -> None:
+        """Store each ``(key, entry)`` as ``put`` does, but the entry itself, not a copy: for entries
+        nothing else holds (built for this call, as a docstore insert builds them)."""
+        for key, val in kv_pairs:
+            SimpleKVStore.put(self, key, val, collection=collection)
 
     def get(self, key: str, collection: str = DEFAULT_COLLECTION) -> Optional[dict]:
         value = super().get(key, collection=collection)
@@ -210,6 +216,24 @@ class IndexDocumentStore(SimpleDocumentStore):
     def from_dict(cls, save_dict: dict, namespace: Optional[str] = None) -> "IndexDocumentStore":
         """A docstore holding a copy of ``save_dict`` (``SimpleDocumentStore.to_dict``'s form)."""
         return cls(FragmentCachingKVStore(save_dict), namespace)
+
+    def add_documents(
+        self,
+        docs: Sequence[BaseNode],
+        allow_update: bool = True,
+        batch_size: Optional[int] = None,
+        store_text: bool = True,
+    ) -> None:
+        """``SimpleDocumentStore.add_documents``; with its own key-value store the entries built
+        here (``node.to_dict()``, fresh at every depth, and the dicts around it) are stored
+        without a second copy (:meth:`FragmentCachingKVStore.adopt_all`)."""
+        if not isinstance(self._kvstore, FragmentCachingKVStore):
+            super().add_documents(docs, allow_update=allow_update, batch_size=batch_size, store_text=store_text)
+            return
+        node_pairs, metadata_pairs, ref_doc_pairs = self._prepare_kv_pairs(docs, allow_update, store_text)
+        self._kvstore.adopt_all(node_pairs, collection=self._node_collection)
+        self._kvstore.adopt_all(metadata_pairs, collection=self._metadata_collection)
+        self._kvstore.adopt_all(ref_doc_pairs, collection=self._ref_doc_collection)
 
     def _get_kv_pairs_for_insert(
         self, node: BaseNode, ref_doc_info: Optional[RefDocInfo], store_text: bool

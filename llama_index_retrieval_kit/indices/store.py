@@ -146,7 +146,7 @@ def _is_exact_scalar(value: Any) -> bool:
     return False
 
 
-def _value_kinds(value: Any) -> Optional[List[str]]:
+def _value_kinds(value: Any) -> Optional[Tuple[str, ...]]:
     """The ``_kinds`` kinds of one metadata value (not None); None when it is not exactly comparable."""
     kind = type(value)
     if kind is list or kind is tuple:
@@ -163,14 +163,14 @@ def _value_kinds(value: Any) -> Optional[List[str]]:
             kinds.append("lstr")
         if any(type(item) in (int, float) for item in value):
             kinds.append("lnum")
-        return kinds
+        return tuple(kinds)
     if not _is_exact_scalar(value):
         return None
     if kind is bool:
-        return ["true" if value else "false"]
+        return ("true",) if value else ("false",)
     if kind is str:
-        return ["str"] + (["empty"] if value == "" else []) + (["upper"] if value.lower() != value else [])
-    return ["num"]
+        return ("str",) + (("empty",) if value == "" else ()) + (("upper",) if value.lower() != value else ())
+    return ("num",)
 
 
 def kind_tokens(metadata: Mapping[str, Any]) -> List[str]:
@@ -198,25 +198,62 @@ def token_code(token: str) -> int:
     return int.from_bytes(hashlib.blake2b(token.encode("utf-8"), digest_size=8).digest(), "little") >> (64 - _CODE_BITS)
 
 
+_BOOKKEEPING_CODE = token_code(BOOKKEEPING_TOKEN)
+
+
 def metadata_field(key: str) -> str:
     """The payload path holding ``metadata[key]``: the top-level field, or ``_masked.<key>`` for a
     key whose top-level field the layout or the bookkeeping uses."""
     return f"{MASKED_FIELD}.{key}" if key in LAYOUT_FIELDS or key in BOOKKEEPING_FIELDS else key
 
 
+@functools.lru_cache(maxsize=1 << 14)
+def _plain_key(key: str) -> bool:
+    """Whether ``key`` is a plain name (``[A-Za-z0-9_-]+``): only those get ``_kinds`` tokens."""
+    return _KEY_RE.match(key) is not None
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _key_kind_codes(key: str, kinds: Optional[Tuple[str, ...]]) -> Tuple[int, ...]:
+    """The ``_kinds`` codes of ``key`` with value kinds ``kinds`` (None: ``other:<key>``)."""
+    if kinds is None:
+        return (token_code(f"other:{key}"),)
+    return tuple(token_code(f"{kind}:{key}") for kind in kinds)
+
+
+_STR_KINDS = ("str",)
+_EMPTY_STR_KINDS = ("str", "empty")
+_UPPER_STR_KINDS = ("str", "upper")
+_MASKED_KEYS = frozenset(LAYOUT_FIELDS) | frozenset(BOOKKEEPING_FIELDS)
+
+
 def filter_fields(metadata: Mapping[str, Any]) -> Dict[str, Any]:
     """The bookkeeping fields stored beside the layout so that filters on ``metadata`` are exact
-    (``_lower`` and ``_masked`` only when they hold something)."""
+    (``_lower`` and ``_masked`` only when they hold something).
+
+    ``_kinds`` holds the :func:`token_code` of each of :func:`kind_tokens` (in that order); one
+    pass over the metadata, the codes of a (key, kinds) pair memoised (a write computes them for
+    every chunk, and chunks of one corpus share their keys and kinds).
+    """
+    codes: List[int] = [_BOOKKEEPING_CODE]
     lower: Dict[str, str] = {}
     masked: Dict[str, Any] = {}
     for key, value in metadata.items():
-        if value is None or not isinstance(key, str) or not _KEY_RE.match(key) or _value_kinds(value) is None:
+        if value is None or not isinstance(key, str) or not _plain_key(key):
             continue
-        if type(value) is str and value.lower() != value:
-            lower[key] = value.lower()
-        if metadata_field(key) != key:
+        if type(value) is str:
+            folded = value.lower()
+            if folded != value:
+                lower[key] = folded
+                kinds: Optional[Tuple[str, ...]] = _UPPER_STR_KINDS
+            else:
+                kinds = _EMPTY_STR_KINDS if not value else _STR_KINDS
+        else:
+            kinds = _value_kinds(value)
+        codes.extend(_key_kind_codes(key, kinds))
+        if kinds is not None and key in _MASKED_KEYS:
             masked[key] = list(value) if type(value) is tuple else value
-    fields: Dict[str, Any] = {KINDS_FIELD: [token_code(t) for t in kind_tokens(metadata)]}
+    fields: Dict[str, Any] = {KINDS_FIELD: codes}
     if lower:  # left out when empty: every payload value costs the engine's conversion on each write
         fields[LOWER_FIELD] = lower
     if masked:
@@ -265,9 +302,18 @@ def sparse_parts(vector: SparseInput) -> Tuple[List[int], List[float]]:
     raise ValueError(f"sparse vector must be a SparseVector, {{index: weight}} or (indices, weights), got {vector!r:.80}")
 
 
+class CheckedSparse(NamedTuple):
+    """A sparse vector's ``(indices, values)`` as plain lists, already satisfying
+    :func:`check_sparse` (distinct ``int`` indices in ``[0, 2**32)``, finite ``float`` values):
+    what :func:`bm25_sparse_parts` makes, so a write does not check its own output again."""
+
+    indices: List[int]
+    values: List[float]
+
+
 def bm25_sparse_parts(
     token_lists: Sequence[Sequence[str]], avgdl: float, k1: float, b: float, term_id: Callable[[str], int]
-) -> List[Tuple[List[int], List[float]]]:
+) -> List[CheckedSparse]:
     """``(indices, weights)`` of each document's BM25 sparse vector, for many documents at once:
     exactly ``retrievers.qdrant_hybrid.bm25_doc_vector`` of each (``term_id`` is its
     ``token_id``), ``tf / (tf + k1 * (1 - b + b * dl / avgdl))`` per distinct term, summed per
@@ -279,7 +325,7 @@ def bm25_sparse_parts(
     flat = np.fromiter((vocab.setdefault(t, len(vocab)) for toks in token_lists for t in toks), dtype=np.int64)
     lengths = np.fromiter((len(toks) for toks in token_lists), dtype=np.int64, count=len(token_lists))
     if not flat.size:
-        return [([], []) for _ in token_lists]
+        return [CheckedSparse([], []) for _ in token_lists]
     doc = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
     # term frequencies: one entry per (document, term)
     pairs, tf = np.unique(doc * len(vocab) + flat, return_counts=True)
@@ -294,9 +340,12 @@ def bm25_sparse_parts(
     keys, weights = keys[order], weights[order]
     starts = np.flatnonzero(np.concatenate(([True], keys[1:] != keys[:-1])))
     keys, weights = keys[starts], np.add.reduceat(weights, starts)
+    if not np.isfinite(weights).all():
+        raise ValueError(f"BM25 sparse weights are not finite (k1={k1!r}, b={b!r}, avgdl={avgdl!r})")
     bounds = np.searchsorted(keys >> 32, np.arange(len(lengths) + 1)).tolist()
+    # ids are distinct per document (summed above) and masked to 32 bits; .tolist() gives int / float
     index_list, weight_list = (keys & 0xFFFFFFFF).tolist(), weights.tolist()
-    return [(index_list[bounds[i] : bounds[i + 1]], weight_list[bounds[i] : bounds[i + 1]]) for i in range(len(lengths))]
+    return [CheckedSparse(index_list[bounds[i] : bounds[i + 1]], weight_list[bounds[i] : bounds[i + 1]]) for i in range(len(lengths))]
 
 
 def _dense_rows(rows: Sequence[Sequence[float]], dim: int, where: Any) -> np.ndarray:
@@ -314,7 +363,9 @@ def _dense_rows(rows: Sequence[Sequence[float]], dim: int, where: Any) -> np.nda
 
 def check_sparse(vector: SparseInput) -> Tuple[List[int], List[float]]:
     """:func:`sparse_parts` of ``vector``, checked: as many weights as indices, indices distinct
-    ints in ``[0, 2**32)``, finite weights; else ValueError."""
+    ints in ``[0, 2**32)``, finite weights; else ValueError. A :class:`CheckedSparse` is returned as is."""
+    if type(vector) is CheckedSparse:
+        return vector
     if type(vector) is tuple and len(vector) == 2 and type(vector[0]) is list and type(vector[1]) is list:
         indices, values = vector  # already lists (bm25_sparse_parts): checked, not converted
         if not all(type(i) is int for i in indices) or not all(type(v) is float for v in values):

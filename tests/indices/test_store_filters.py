@@ -39,8 +39,10 @@ from llama_index_retrieval_kit.indices.store import (  # noqa: E402
     filter_fields,
     filter_keys,
     kind_tokens,
+    metadata_field,
     node_payload,
     point_id,
+    token_code,
     translate_filters,
 )
 from llama_index_retrieval_kit.retrievers.filters import metadata_matches  # noqa: E402
@@ -70,6 +72,26 @@ HOMOGENEOUS_LISTS = st.one_of(
     st.lists(STRINGS, max_size=4), st.lists(st.integers(-2, 3), max_size=4), st.lists(st.sampled_from([0.0, 1.0, 2.5]), max_size=4)
 )
 FILTER_KEYS = st.sampled_from(KEYS + (NUMERIC_KEY,))
+
+
+WEIRD_KEYS = st.sampled_from(["a", "A", "doc_id", "_node_content", "_kinds", "_masked", "has space", "é", "", "x-y_1"])
+
+
+@settings(max_examples=400, deadline=None)
+@given(metadata=st.dictionaries(WEIRD_KEYS, st.one_of(VALUES, OPAQUE, st.sampled_from(["ABC", ("a", 1), (), "Ç"])), max_size=6))
+def test_filter_fields_are_the_kind_tokens_codes_and_the_lowered_and_masked_values(metadata) -> None:
+    """``filter_fields`` (one pass, memoised codes) stores exactly what its definition says: the
+    codes of ``kind_tokens`` in order, lower-cased strings that change, and layout-shadowed
+    values under ``_masked`` (tuples as lists)."""
+    fields = filter_fields(metadata)
+    assert fields["_kinds"] == [token_code(t) for t in kind_tokens(metadata)]
+    exact = {k: v for k, v in metadata.items() if v is not None and k and "other:" + k not in kind_tokens(metadata)}
+    plain = {k: v for k, v in exact.items() if all(c.isascii() and (c.isalnum() or c in "_-") for c in k)}
+    lowered = {k: v.lower() for k, v in plain.items() if type(v) is str and v.lower() != v}
+    masked = {k: list(v) if type(v) is tuple else v for k, v in plain.items() if metadata_field(k) != k}
+    assert fields.get("_lower", {}) == lowered
+    assert fields.get("_masked", {}) == masked
+    assert set(fields) <= {"_kinds", "_lower", "_masked"} and ("_lower" in fields) == bool(lowered) and ("_masked" in fields) == bool(masked)
 
 
 def _leaf(op: FilterOperator, values: st.SearchStrategy, keys: st.SearchStrategy = FILTER_KEYS) -> st.SearchStrategy[MetadataFilter]:

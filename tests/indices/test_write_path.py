@@ -27,7 +27,7 @@ from llama_index.core.storage.docstore import SimpleDocumentStore
 from llama_index_retrieval_kit.indices import HybridIndex
 from llama_index_retrieval_kit.indices import storage as index_storage
 from llama_index_retrieval_kit.indices.docstore import IndexDocumentStore, json_copy
-from llama_index_retrieval_kit.indices.store import bm25_sparse_parts, check_sparse
+from llama_index_retrieval_kit.indices.store import CheckedSparse, bm25_sparse_parts, check_sparse
 from llama_index_retrieval_kit.retrievers.qdrant_hybrid import bm25_doc_vector, bm25_query_vector, token_id
 
 
@@ -115,10 +115,14 @@ _TERMS = st.sampled_from([f"t{i}" for i in range(40)] + ["ünï", "a b", ""])
 def test_bm25_sparse_parts_equals_bm25_doc_vector(token_lists, avgdl, k1, b) -> None:
     got = bm25_sparse_parts(token_lists, avgdl, k1, b, term_id=token_id)
     assert len(got) == len(token_lists)
-    for tokens, (indices, values) in zip(token_lists, got):
+    for tokens, part in zip(token_lists, got):
+        indices, values = part
         want = bm25_doc_vector(tokens, avgdl, k1, b)
         assert indices == want.indices
         assert values == want.values  # the same float operations, so exactly equal
+        # marked as checked, and rightly: the full check passes on the same lists
+        assert type(part) is CheckedSparse and check_sparse(part) is part
+        assert check_sparse((list(indices), list(values))) == (indices, values)
 
 
 def test_bm25_sparse_parts_adds_up_terms_sharing_an_id() -> None:
