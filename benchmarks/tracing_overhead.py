@@ -20,8 +20,9 @@ on a shared machine hits all modes alike:
 * off: no listener (the stages check the dispatcher and build nothing);
 * li-spans: LlamaIndex's built-in ``SimpleSpanHandler`` (span timings only, no node ids: the
   built-in reference; our stages build nothing, as no event handler listens);
-* collector: a ``TraceCollector`` installed (records built, traces grouped; with only plain
-  collectors listening the stages hand them their records directly, no event is built);
+* collector: a ``TraceCollector`` installed (traces grouped and attached; with only plain
+  collectors listening the stages hand them each stage directly as one tuple: no event is built,
+  and no ``StageTrace`` record until ``trace.stages`` is read);
 * events: a ``TraceCollector`` subclass with its own ``handle`` (as any other handler, e.g.
   OpenInference's: the records travel as ``StageTraceEvent`` / ``NodesDroppedEvent`` through the dispatcher);
 * jsonl: a ``JsonlTraceWriter`` (the same, plus the JSON lines). Its background thread is kept

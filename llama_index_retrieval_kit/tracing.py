@@ -22,12 +22,15 @@ package's no-answer response handler do not count as listeners. When a handler l
 keeps a snapshot of its nodes (ids and scores, taken when it ran; a retrieval leg keeps its
 result arrays) and its record builds the per-node ``inputs`` / ``outputs`` / ``dropped`` entries
 only when they are first read. When the only listeners are plain :class:`TraceCollector` s
-(``handle`` not overridden, e.g. :class:`JsonlTraceWriter`) the stages hand them the records
-directly and build no event (nobody else could see one); any other handler on the chain (an
-ordinary or OpenInference-style handler) gets every :class:`StageTraceEvent` and
-:class:`NodesDroppedEvent` through ``dispatcher.event``. A collector makes the one-stage trace of
-a stage run outside any query when it is read. A retrieval leg's ids are read from the index snapshot's id
-tuple (``BM25Snapshot.node_ids``): one look-up per id when the trace is written.
+(``handle`` not overridden, e.g. :class:`JsonlTraceWriter`) the stages hand them each stage as one
+flat tuple (a ``Spec``: the record's fields, its snapshot and the function that builds its node
+lists) and build no event and no record (nobody else could see one): the trace's JSON form is
+written from those tuples, and its :class:`StageTrace` records are made when ``trace.stages`` is
+first read. Any other handler on the chain (an ordinary or OpenInference-style handler) gets every
+:class:`StageTraceEvent` and :class:`NodesDroppedEvent` through ``dispatcher.event``. A collector
+makes the one-stage trace of a stage run outside any query when it is read. A retrieval leg's ids
+are read from the index snapshot's id tuple (``BM25Snapshot.node_ids``): one look-up per id when
+the trace is written.
 
 JSON form (``response.metadata["trace"]``, the JSON lines, ``rkit query --json --trace``):
 :meth:`QueryTrace.to_dict`, a columnar layout marked ``"format": 2``: per stage and node list a
@@ -59,7 +62,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
-from llama_index.core.bridge.pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from llama_index.core.bridge.pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SerializerFunctionWrapHandler, model_serializer
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.instrumentation.events.base import BaseEvent
@@ -124,6 +127,9 @@ class DropReason(str, Enum):
     FILTERED = "filtered"
     OVER_MAX_CANDIDATES = "over max candidates"
     NOT_SCORED = "not scored (latency budget)"
+
+
+_DUPLICATE_VALUE, _OVER_BUDGET_VALUE = DropReason.DUPLICATE._value_, DropReason.OVER_BUDGET._value_
 
 
 # Per-node entries are TypedDicts (validated and described by pydantic inside StageTrace) rather
@@ -197,7 +203,7 @@ class StageTrace(BaseModel):
     span_id: Optional[str] = Field(default=None, description="Instrumentation span the stage ran in.")
 
     # ``(build, *args)``: ``build(*args)`` makes ``inputs`` / ``outputs`` / ``dropped`` on first read (see
-    # :func:`_lazy_record`); the hot path keeps only a snapshot of plain values.
+    # :func:`_spec`); the hot path keeps only a snapshot of plain values.
     _lazy: Optional[Tuple[Any, ...]] = PrivateAttr(default=None)
 
     def __getattr__(self, name: str) -> Any:
@@ -218,6 +224,12 @@ class StageTrace(BaseModel):
                     object.__setattr__(self, "__dict__", values)
                     private["_lazy"] = None
         return self
+
+    @model_serializer(mode="wrap")
+    def serialize_built(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """Every pydantic serialisation (also of a record nested in an event or another model)
+        builds the node lists first: pydantic reads the fields from ``__dict__``."""
+        return handler(self._materialize())
 
     def model_dump(self, **kwargs: Any) -> Dict[str, Any]:
         return super(StageTrace, self._materialize()).model_dump(**kwargs)
@@ -255,6 +267,18 @@ class StageTrace(BaseModel):
         return [n["node_id"] for n in self.inputs if n["node_id"] not in covered]
 
 
+_STAGE_FIELDS_SET = _ALL_FIELDS_SET.setdefault(StageTrace, set(_field_names(StageTrace)))
+
+#: A stage record not made yet, as a stage hands it to plain collectors: the record's fields in
+#: :data:`_SPEC_FIELDS` order, then ``build`` and its arguments (``build(*args)``: the record's
+#: ``inputs`` / ``outputs`` / ``dropped`` in the JSON form, see :func:`_spec`). One flat tuple: one
+#: object per stage for the garbage collector, and no model unless the record is read.
+Spec = Tuple[Any, ...]
+_SPEC_FIELDS = ("stage", "name", "component", "query_str", "latency_ms", "confidence", "threshold", "context_tokens",
+                "max_tokens", "attributes", "span_id")
+_SPEC_NAME, _SPEC_QUERY, _SPEC_LATENCY, _SPEC_SPAN, _SPEC_BUILD = 1, 3, 4, 10, len(_SPEC_FIELDS)
+
+
 class QueryTrace(BaseModel):
     """The stage records of one query, in the order the stages ran."""
 
@@ -264,6 +288,28 @@ class QueryTrace(BaseModel):
     latency_ms: Optional[float] = Field(default=None, description="Query wall time (QueryStart to QueryEnd).")
     stages: List[StageTrace] = Field(default_factory=list, description="Stage records in run order.")
     span_id: Optional[str] = Field(default=None, description="Span of the query (or retrieval) that opened the trace.")
+
+    # A collected trace's stages as the stages handed them on (:data:`Spec` tuples, or records), made
+    # into ``stages`` on first read; None once made (and for a trace built or validated as usual).
+    _pending: Optional[List[Any]] = PrivateAttr(default=None)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "stages":  # only reached while the stages are pending (not in __dict__)
+            self._materialize_stages()
+            return self.__dict__["stages"]
+        return super().__getattr__(name)
+
+    def _materialize_stages(self) -> "QueryTrace":
+        private = self.__pydantic_private__
+        if private and private.get("_pending") is not None:
+            with _MATERIALIZE_LOCK:
+                pending = private.get("_pending")
+                if pending is not None:
+                    given, stages = self.__dict__, _records_of(pending)
+                    # declaration order, as a validated trace has it (the JSON keys follow the dict)
+                    object.__setattr__(self, "__dict__", {k: given[k] if k in given else stages for k in _field_names(QueryTrace)})
+                    private["_pending"] = None
+        return self
 
     @property
     def context_tokens(self) -> Optional[int]:
@@ -279,15 +325,46 @@ class QueryTrace(BaseModel):
         raise KeyError(f"no stage {name!r} in this trace; stages: {[s.name for s in self.stages]}")
 
     def _materialize(self) -> "QueryTrace":
-        for record in self.stages:
+        for record in self._materialize_stages().__dict__["stages"]:
             record._materialize()
         return self
+
+    @model_serializer(mode="wrap")
+    def serialize_built(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """Every pydantic serialisation (also of a trace nested in another model) makes the stage
+        records and their node lists first: pydantic reads the fields from ``__dict__``."""
+        return handler(self._materialize())
 
     def model_dump(self, **kwargs: Any) -> Dict[str, Any]:
         return super(QueryTrace, self._materialize()).model_dump(**kwargs)
 
     def model_dump_json(self, **kwargs: Any) -> str:
         return super(QueryTrace, self._materialize()).model_dump_json(**kwargs)
+
+    def model_copy(self, **kwargs: Any) -> Any:
+        return super(QueryTrace, self._materialize_stages()).model_copy(**kwargs)
+
+    def __eq__(self, other: Any) -> bool:
+        if isinstance(other, QueryTrace):
+            other._materialize_stages()
+        return super(QueryTrace, self._materialize_stages()).__eq__(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __iter__(self) -> Any:
+        return super(QueryTrace, self._materialize_stages()).__iter__()
+
+    def __repr_args__(self) -> Any:
+        return super(QueryTrace, self._materialize_stages()).__repr_args__()
+
+    def __getstate__(self) -> Dict[Any, Any]:
+        return super(QueryTrace, self._materialize_stages()).__getstate__()
+
+    def __copy__(self) -> Any:
+        return super(QueryTrace, self._materialize_stages()).__copy__()
+
+    def __deepcopy__(self, memo: Any = None) -> Any:
+        return super(QueryTrace, self._materialize_stages()).__deepcopy__(memo)
 
     def to_dict(self) -> Dict[str, Any]:
         """JSON-ready dict in the columnar layout (``"format": 2``, see :data:`TRACE_FORMAT`).
@@ -299,8 +376,11 @@ class QueryTrace(BaseModel):
         without a per-node dict. :meth:`from_dict` reads it back; ``model_dump(mode="json")`` is
         the row layout (format 1: a dict per node), which :meth:`from_dict` reads too.
         """
+        private = self.__pydantic_private__
+        entries = private.get("_pending") if private else None  # pending stages are written as they are
         values = self.__dict__
-        stages = values["stages"]
+        if entries is None:
+            entries = self.stages
         started_at = values["started_at"]
         return {
             "format": TRACE_FORMAT,
@@ -308,7 +388,7 @@ class QueryTrace(BaseModel):
             "query_str": values["query_str"],
             "started_at": started_at.isoformat() if isinstance(started_at, datetime) else started_at,
             "latency_ms": _score(values["latency_ms"]),
-            "stages": [_stage_dict(record, stages, i) for i, record in enumerate(stages)],
+            "stages": [_stage_dict(entry, entries, i) for i, entry in enumerate(entries)],
             "span_id": values["span_id"],
         }
 
@@ -371,6 +451,13 @@ def dumps_json(data: Any) -> str:
     return json.dumps(data, ensure_ascii=False, separators=(",", ":"), default=_json_default)
 
 
+def _dumps_utf8(data: Any) -> bytes:
+    """:func:`dumps_json` as UTF-8 bytes (what ``orjson`` makes: no decoding for a file that stores them)."""
+    if _orjson is not None:
+        return _orjson.dumps(data, default=_json_default)
+    return dumps_json(data).encode("utf-8")
+
+
 def loads_json(text: Union[str, bytes]) -> Any:
     """Parse JSON text (``orjson`` when importable, else the standard library)."""
     return _orjson.loads(text) if _orjson is not None else json.loads(text)
@@ -381,20 +468,37 @@ def json_backend() -> str:
     return "orjson" if _orjson is not None else "json"
 
 
-def _legs_precede(legs: Tuple[Tuple[str, "StageTrace"], ...], stages: Sequence["StageTrace"], index: int) -> bool:
-    """True when each leg record is the last stage of its name before ``stages[index]`` (a reader finds it by name)."""
-    for name, record in legs:
-        for earlier in reversed(stages[:index]):
-            if earlier.__dict__["name"] == name:
-                if earlier is not record:
-                    return False
+def _entry_name(entry: Union[Spec, StageTrace]) -> str:
+    """The stage name of a :data:`Spec` or a record."""
+    return entry[_SPEC_NAME] if type(entry) is tuple else entry.__dict__["name"]
+
+
+def _entry_outputs(entry: Union[Spec, StageTrace]) -> List[TracedNode]:
+    """The output rows of a :data:`Spec` (built, not kept) or a record."""
+    if type(entry) is tuple:
+        return _rows_of_columns(entry[_SPEC_BUILD](*entry[_SPEC_BUILD + 1:])[1], False, f"{entry[_SPEC_NAME]} outputs")
+    return entry.outputs
+
+
+def _preceding_legs(legs: Sequence[Any], entries: Sequence[Any], index: int) -> Optional[List[str]]:
+    """The names of ``legs`` (:data:`Spec` s or records) when each is the last stage of its name before
+    ``entries[index]`` (a reader finds it by name), else None."""
+    names = [leg[_SPEC_NAME] if type(leg) is tuple else leg.__dict__["name"] for leg in legs]
+    n = len(legs)
+    if n <= index and all(map(operator.is_, entries[index - n:index], legs)) and len(set(names)) == n:
+        return names  # the legs right before it, in order (as this package's retrievers emit them)
+    for leg, name in zip(legs, names):
+        for earlier in reversed(entries[:index]):
+            if _entry_name(earlier) == name:
+                if earlier is not leg:
+                    return None
                 break
         else:
-            return False
-    return True
+            return None
+    return names
 
 
-def _merged_from(values: Mapping[str, Any], stages: Sequence[StageTrace], index: int) -> Optional[List[str]]:
+def _merged_from(values: Mapping[str, Any], entries: Sequence[Any], index: int) -> Optional[List[str]]:
     """The legs a fusion record's built rows (``values``) derive from, as :func:`_fusion_fields` derives them, else None.
 
     For records not built lazily (read back, or already read): the same JSON form either way.
@@ -402,59 +506,77 @@ def _merged_from(values: Mapping[str, Any], stages: Sequence[StageTrace], index:
     inputs = values["inputs"]
     names = {leg for n in inputs for leg in n.get("leg_ranks") or ()}
     legs: Dict[str, Any] = {}
-    for earlier in stages[:index]:
-        name = earlier.__dict__["name"]
+    for earlier in entries[:index]:
+        name = _entry_name(earlier)
         if name in names:
             legs.pop(name, None)
             legs[name] = earlier  # the last of each name, in run order
     if not names or len(legs) != len(names):
         return None
-    derived = _fusion_fields({name: record.outputs for name, record in legs.items()}, values["outputs"], values["attributes"])
+    derived = _fusion_fields({name: _entry_outputs(entry) for name, entry in legs.items()}, values["outputs"], values["attributes"])
     return list(legs) if derived == {"inputs": inputs, "dropped": values["dropped"]} else None
 
 
-def _stage_dict(record: StageTrace, stages: Sequence[StageTrace], index: int) -> Dict[str, Any]:
-    """The JSON form (format 2) of ``record``, ``stages[index]`` of its trace."""
-    private = record.__pydantic_private__
-    lazy = private.get("_lazy") if private else None  # read before __dict__: a record built meanwhile has its rows there
-    values = record.__dict__
-    built = lazy[0](*lazy[1:]) if lazy is not None else {}
-    stage = values["stage"]
-    out: Dict[str, Any] = {"stage": stage.value if isinstance(stage, Enum) else stage, "name": values["name"],
-                           "component": values["component"], "query_str": values["query_str"]}
-    merged_from = _merged_from(values, stages, index) if lazy is None and "inputs" in values and stage == Stage.FUSION else None
-    precede: Optional[bool] = None  # a lazy fusion record: whether its legs precede it (decided once)
-    for key in ("inputs", "outputs", "dropped"):
-        if key in values:
-            out[key] = {"merged_from": merged_from} if merged_from and key != "outputs" else _columns_of_rows(values[key], key == "dropped")
-            continue
-        part = built.get(key, [])
-        if isinstance(part, _Merged):
-            if precede is None:
-                precede = _legs_precede(part.legs, stages, index)
-            if precede:
-                part = {"merged_from": [name for name, _ in part.legs]}
-            else:  # the legs are not in this trace: written in full
-                part = _columns_of_rows(getattr(record, key), key == "dropped")
-        elif part and not part.get("node_id", True):
-            part = []  # no node: written as the empty list, as _columns_of_rows writes it
-        out[key] = part
-    context_tokens, max_tokens = values["context_tokens"], values["max_tokens"]
-    out.update(latency_ms=_score(values["latency_ms"]), confidence=_score(values["confidence"]),
-               threshold=_score(values["threshold"]), context_tokens=None if context_tokens is None else int(context_tokens),
-               max_tokens=None if max_tokens is None else int(max_tokens), attributes=dict(values["attributes"]),
-               span_id=values["span_id"])
-    return out
+def _stage_dict(entry: Union[Spec, StageTrace], entries: Sequence[Any], index: int) -> Dict[str, Any]:
+    """The JSON form (format 2) of ``entry`` (a :data:`Spec` or a record), ``entries[index]`` of its trace."""
+    if type(entry) is tuple:
+        header, built = entry, entry[_SPEC_BUILD](*entry[_SPEC_BUILD + 1:])
+    else:
+        private = entry.__pydantic_private__
+        lazy = private.get("_lazy") if private else None  # read before __dict__: a record built meanwhile has its rows there
+        values = entry.__dict__
+        if lazy is None or "outputs" in values:
+            return _built_stage_dict(values, entries, index)
+        header, built = [values[k] for k in _SPEC_FIELDS], lazy[0](*lazy[1:])
+    inputs, outputs, dropped = built  # the JSON parts: columns, [] or fusion's _Merged
+    if type(inputs) is _Merged:  # fusion: its inputs and drops are its legs' outputs
+        names = _preceding_legs(inputs.legs, entries, index)
+        if names is not None:
+            inputs, dropped = {"merged_from": names}, {"merged_from": names.copy()}
+        else:  # the legs are not in this trace: written in full
+            rows = _rows_of_built(built)
+            inputs, dropped = _columns_of_rows(rows["inputs"], False), _columns_of_rows(rows["dropped"], True)
+    if type(entry) is not tuple:  # a record: its values may have been set since
+        return _stage_json(header, inputs, outputs, dropped)
+    # a spec's values are JSON-ready as :func:`_spec` takes them (plain floats and ints), but for the stage's enum
+    stage, name, component, query_str, latency_ms, confidence, threshold, context_tokens, max_tokens, attributes, span_id = \
+        header[:_SPEC_BUILD]
+    return {"stage": stage._value_, "name": name, "component": component, "query_str": query_str,
+            "inputs": inputs, "outputs": outputs, "dropped": dropped, "latency_ms": latency_ms, "confidence": confidence,
+            "threshold": threshold, "context_tokens": context_tokens, "max_tokens": max_tokens,
+            "attributes": attributes.copy(), "span_id": span_id}
 
 
-def _rows_of_built(built: Mapping[str, Any]) -> Dict[str, Any]:
-    """The row form of a lazy record's ``build(*args)`` (columns, or fusion's :class:`_Merged`)."""
-    outputs = _rows_of_columns(built.get("outputs", []), False, "outputs")
-    inputs = built.get("inputs", [])
+def _stage_json(header: Sequence[Any], inputs: Any, outputs: Any, dropped: Any) -> Dict[str, Any]:
+    """A stage's JSON dict from its field values (``header``, in :data:`_SPEC_FIELDS` order) and its node parts, keys in declaration order."""
+    stage, name, component, query_str, latency_ms, confidence, threshold, context_tokens, max_tokens, attributes, span_id = \
+        header[:_SPEC_BUILD]
+    return {"stage": stage._value_ if isinstance(stage, Enum) else stage, "name": name, "component": component,
+            "query_str": query_str, "inputs": inputs, "outputs": outputs, "dropped": dropped,
+            "latency_ms": latency_ms if type(latency_ms) is float else _score(latency_ms),
+            "confidence": None if confidence is None else float(confidence),
+            "threshold": None if threshold is None else float(threshold),
+            "context_tokens": None if context_tokens is None else int(context_tokens),
+            "max_tokens": None if max_tokens is None else int(max_tokens),
+            "attributes": attributes.copy() if type(attributes) is dict else dict(attributes), "span_id": span_id}
+
+
+def _built_stage_dict(values: Mapping[str, Any], entries: Sequence[Any], index: int) -> Dict[str, Any]:
+    """:func:`_stage_dict` of a record whose rows are built (read back, validated, or already read)."""
+    merged_from = _merged_from(values, entries, index) if values["stage"] == Stage.FUSION else None
+    parts = [{"merged_from": list(merged_from)} if merged_from and key != "outputs" else _columns_of_rows(values[key], key == "dropped")
+             for key in ("inputs", "outputs", "dropped")]
+    return _stage_json([values[k] for k in _SPEC_FIELDS], *parts)
+
+
+def _rows_of_built(built: Tuple[Any, Any, Any]) -> Dict[str, Any]:
+    """The row form of a lazy record's ``build(*args)``: ``(inputs, outputs, dropped)``, each columns, ``[]`` or fusion's :class:`_Merged`."""
+    inputs, outputs, dropped = built
+    outputs = _rows_of_columns(outputs, False, "outputs")
     if isinstance(inputs, _Merged):
-        return {"outputs": outputs, **_fusion_fields({name: record.outputs for name, record in inputs.legs}, outputs, inputs.attributes)}
-    return {"inputs": _rows_of_columns(inputs, False, "inputs"), "outputs": outputs,
-            "dropped": _rows_of_columns(built.get("dropped", []), True, "dropped")}
+        legs = {_entry_name(leg): _entry_outputs(leg) for leg in inputs.legs}
+        return {"outputs": outputs, **_fusion_fields(legs, outputs, inputs.attributes)}
+    return {"inputs": _rows_of_columns(inputs, False, "inputs"), "outputs": outputs, "dropped": _rows_of_columns(dropped, True, "dropped")}
 
 
 def _stage_rows(stage: Any, earlier: Sequence[Mapping[str, Any]], where: str) -> Dict[str, Any]:
@@ -546,6 +668,7 @@ class _Kind(int, Enum):
 
 
 _KINDS: Dict[type, _Kind] = {}  # handler class -> its kind
+_COLLECTOR = _Kind.COLLECTOR
 
 
 def _kind(cls: type) -> _Kind:
@@ -578,7 +701,7 @@ def _receivers() -> Optional[List[Any]]:
             kind = kinds.get(type(handler))
             if kind is None:
                 kind = _kind(type(handler))
-            if kind is _Kind.COLLECTOR:
+            if kind is _COLLECTOR:
                 collectors.append(handler)
             elif kind:
                 return None
@@ -634,6 +757,28 @@ def _emit(record: StageTrace, n_dropped: Optional[int], collectors: Optional[Lis
         for collector in collectors:
             collector._add(record)
         return
+    _dispatch(record, n_dropped, span_id)
+
+
+def _emit_spec(spec: Spec, n_dropped: Optional[int], collectors: Optional[List[Any]]) -> Union[Spec, StageTrace]:
+    """Hand a stage's :data:`Spec` on: to each plain collector as it is (and return it), or, when
+    events are dispatched (``collectors`` None), as its record (made now, and returned): what a later
+    record refers to it by (fusion's legs)."""
+    if collectors is not None:
+        for collector in collectors:
+            open_ = collector.__pydantic_private__["_current"].get()
+            if open_ is not None:  # what collector._add does, without the call: the common case
+                open_.entries.append(spec)
+            else:
+                collector._add(spec)
+        return spec
+    record = _record_of_spec(spec)
+    _dispatch(record, n_dropped, spec[_SPEC_SPAN])
+    return record
+
+
+def _dispatch(record: StageTrace, n_dropped: Optional[int], span_id: Optional[str]) -> None:
+    """Send ``record`` through the dispatcher: a :class:`StageTraceEvent`, and a :class:`NodesDroppedEvent` when it dropped nodes."""
     event = _construct(StageTraceEvent, {"timestamp": datetime.now(), "id_": _IDS.dashed(), "span_id": span_id,
                                          "tags": {}, "trace": record})
     dispatcher.event(event)
@@ -684,6 +829,11 @@ def _query_text(query: Any) -> Optional[str]:
     if query is None:
         return None
     return query.query_str if isinstance(query, QueryBundle) else str(query)
+
+
+def _enum_value(value: Any) -> Any:
+    """An enum's value (read directly: ``Enum.value`` is a Python-level property), else ``str(value)``."""
+    return value._value_ if isinstance(value, Enum) else str(value)
 
 
 def _score(value: Any) -> Optional[float]:
@@ -737,9 +887,12 @@ def snapshot(results: Sequence[NodeWithScore]) -> Snapshot:
     built from it only when a record is read or written. The leg rank and score mappings are the
     results' own (fusion makes them once per result); they are copied when read.
     """
-    # __dict__, not getattr: a missing attribute costs a pydantic AttributeError (microseconds)
-    return tuple(_chain([((f := r.__dict__)["node"].node_id, f["score"], f.get("leg_ranks"), f.get("leg_scores"),
-                          f.get("pre_rerank_rank")) for r in results]))
+    values: List[Any] = []
+    extend = values.extend
+    for r in results:
+        f = r.__dict__  # not getattr: a missing attribute costs a pydantic AttributeError (microseconds)
+        extend((f["node"].node_id, f["score"], f.get("leg_ranks"), f.get("leg_scores"), f.get("pre_rerank_rank")))
+    return tuple(values)
 
 
 # ---- node lists in columns (the trace's JSON form, format 2) and in rows (TracedNode / DroppedNode)
@@ -752,15 +905,44 @@ def snapshot_columns(snap: Snapshot) -> Dict[str, Any]:
     """The node columns of a :func:`snapshot`: ``node_id`` and ``score`` lists (rank = position + 1),
     ``leg_ranks`` / ``leg_scores`` (a copied mapping or None per node) when a node has leg ranks,
     ``pre_rerank_rank`` (int or None per node) when a node has one. Slices of the flat tuple: no per-node dict."""
-    columns: Dict[str, Any] = {"node_id": list(snap[0::_SNAPSHOT_WIDTH]), "score": _floats(snap[1::_SNAPSHOT_WIDTH])}
+    scores = snap[1::_SNAPSHOT_WIDTH]
+    try:
+        scores = list(map(float, scores))  # one C-level pass (as _floats)
+    except TypeError:
+        scores = _floats(scores)
+    columns: Dict[str, Any] = {"node_id": list(snap[0::_SNAPSHOT_WIDTH]), "score": scores}
     leg_ranks = snap[2::_SNAPSHOT_WIDTH]
     if any(leg_ranks):
-        columns["leg_ranks"] = [dict(r) if r else None for r in leg_ranks]
-        columns["leg_scores"] = [dict(s or {}) if r else None for r, s in zip(leg_ranks, snap[3::_SNAPSHOT_WIDTH])]
+        leg_scores = snap[3::_SNAPSHOT_WIDTH]
+        try:  # every node has leg ranks and scores as dicts (fusion's results): copied in one C-level pass each
+            columns["leg_ranks"], columns["leg_scores"] = list(map(dict.copy, leg_ranks)), list(map(dict.copy, leg_scores))
+        except TypeError:  # a node without them, or another mapping
+            columns["leg_ranks"], columns["leg_scores"] = _leg_columns_of(leg_ranks, leg_scores)
+        else:
+            if not all(leg_ranks):  # an empty mapping is no leg ranks
+                columns["leg_ranks"], columns["leg_scores"] = _leg_columns_of(leg_ranks, leg_scores)
     pre = snap[4::_SNAPSHOT_WIDTH]
     if pre.count(None) != len(pre):
         columns["pre_rerank_rank"] = list(pre)
     return columns
+
+
+def _leg_columns_of(leg_ranks: Sequence[Any], leg_scores: Sequence[Any]) -> Tuple[List[Any], List[Any]]:
+    """The ``leg_ranks`` / ``leg_scores`` columns: a new dict per node with leg ranks, else None."""
+    return [dict(r) if r else None for r in leg_ranks], [dict(s or {}) if r else None for r, s in zip(leg_ranks, leg_scores)]
+
+
+def _copy_nested(values: List[Any]) -> List[Any]:
+    """A copy of a column of dicts or lists (None kept): a new dict or list per node."""
+    try:
+        return list(map(dict.copy, values))  # one C-level pass (leg ranks and scores)
+    except TypeError:  # a None, or lists (source ids)
+        return [v if v is None else v.copy() for v in values]
+
+
+def _part(columns: Dict[str, Any]) -> Any:
+    """Node columns as a stage's JSON part: ``[]`` when they hold no node (as :func:`_columns_of_rows` writes none)."""
+    return columns if columns["node_id"] else []
 
 
 def _columns_of_rows(rows: Sequence[Mapping[str, Any]], drops: bool) -> Any:
@@ -796,8 +978,7 @@ _NESTED_COLUMNS = frozenset({"leg_ranks", "leg_scores", "source_ids"})
 
 def _fresh_columns(columns: Mapping[str, List[Any]]) -> Dict[str, List[Any]]:
     """A copy of node columns: the lists, and the mappings / lists in them (as :func:`snapshot_columns` copies them)."""
-    return {k: [v if v is None else v.copy() for v in values] if k in _NESTED_COLUMNS else values.copy()
-            for k, values in columns.items()}
+    return {k: _copy_nested(values) if k in _NESTED_COLUMNS else values.copy() for k, values in columns.items()}
 
 
 def _rows_of_columns(columns: Any, drops: bool, where: str) -> List[Dict[str, Any]]:
@@ -848,7 +1029,7 @@ class _Drops:
     def add(self, node_id: str, reason: DropReason, rank: Optional[int], score: Optional[float], detail: Optional[str] = None,
             duplicate_of: Optional[str] = None) -> None:
         self.node_id.append(node_id)
-        self.reason.append(reason.value)
+        self.reason.append(reason._value_)
         self.rank.append(rank)
         self.score.append(score)
         self.detail.append(detail)
@@ -869,49 +1050,82 @@ class _Drops:
 class _Merged:
     """Fusion's inputs and drops: derived from its legs' outputs (:func:`_fusion_fields`), in memory and on reading.
 
-    Written as ``{"merged_from": [leg names]}`` when the legs' records precede fusion in the same
-    trace (they always do for this package's retrievers), else in full.
+    ``legs``: the legs' :data:`Spec` s or records, found again in the trace by identity. Written as
+    ``{"merged_from": [leg names]}`` when the legs precede fusion in the same trace (they always do
+    for this package's retrievers), else in full.
     """
 
     __slots__ = ("legs", "attributes")
 
-    def __init__(self, legs: Tuple[Tuple[str, "StageTrace"], ...], attributes: Mapping[str, Any]) -> None:
+    def __init__(self, legs: Tuple[Any, ...], attributes: Mapping[str, Any]) -> None:
         self.legs, self.attributes = legs, attributes
 
 
-def _lazy_record(stage: Stage, name: str, component: str, query_str: Optional[str], latency_ms: float,
-                 build: Callable[..., Dict[str, Any]], args: Tuple[Any, ...], **fields: Any) -> StageTrace:
-    """A record whose ``inputs`` / ``outputs`` / ``dropped`` not in ``fields`` come from ``build(*args)``:
-    columns (:func:`snapshot_columns`, :class:`_Drops`) or :class:`_Merged`, turned into the trace's JSON
-    form when written and into rows when first read.
+def _spec(stage: Stage, name: str, component: str, query_str: Optional[str], latency_ms: float,
+          build: Callable[..., Tuple[Any, Any, Any]], args: Tuple[Any, ...], attributes: Dict[str, Any], span_id: Optional[str],
+          confidence: Optional[float] = None, threshold: Optional[float] = None, context_tokens: Optional[int] = None,
+          max_tokens: Optional[int] = None) -> Spec:
+    """A stage's :data:`Spec`: its fields (JSON-ready: plain floats and ints, ``attributes`` a dict), then
+    ``build`` and ``args``. ``build(*args)`` returns the
+    record's ``(inputs, outputs, dropped)`` in the trace's JSON form (columns, ``[]`` for no node, or
+    fusion's :class:`_Merged`; see :func:`snapshot_columns`, :class:`_Drops`), written as they are
+    and turned into rows when the record is first read.
 
     ``build`` is a module function and ``args`` plain values (no closure): a kept trace holds few
     objects the garbage collector must track.
     """
-    values: Dict[str, Any] = {"stage": stage, "name": name, "component": component, "query_str": query_str,
-                              "latency_ms": float(latency_ms), "confidence": None, "threshold": None, "context_tokens": None,
-                              "max_tokens": None, "attributes": {}, "span_id": None, **fields}
-    return _construct(StageTrace, values, {"_lazy": (build, *args)})
+    return (stage, name, component, query_str, float(latency_ms), _score(confidence), _score(threshold),
+            None if context_tokens is None else int(context_tokens), None if max_tokens is None else int(max_tokens),
+            attributes, span_id, build, *args)
 
 
-def _leg_columns(snap: Snapshot, depth: Optional[int]) -> Dict[str, Any]:
+def _record_of_spec(spec: Spec) -> StageTrace:
+    """The :class:`StageTrace` of a :data:`Spec` (unvalidated; its node lists built on first read)."""
+    return assemble(StageTrace, dict(zip(_SPEC_FIELDS, spec)), _STAGE_FIELDS_SET, private={"_lazy": spec[_SPEC_BUILD:]})
+
+
+def _records_of(entries: Sequence[Union[Spec, StageTrace]]) -> List[StageTrace]:
+    """The records of a trace's entries, in order: a :data:`Spec` made into its record, a fusion's
+    legs replaced by the records made of them (the legs are found again by identity)."""
+    made: Dict[int, StageTrace] = {}
+    records: List[StageTrace] = []
+    for entry in entries:
+        if type(entry) is tuple:
+            spec = entry
+            if spec[_SPEC_BUILD] is _fusion_columns:
+                snap, legs, attributes = spec[_SPEC_BUILD + 1:]
+                legs = tuple((made.get(id(leg)) or _record_of_spec(leg)) if type(leg) is tuple else leg for leg in legs)
+                spec = spec[:_SPEC_BUILD + 2] + (legs, attributes)
+            made[id(entry)] = record = _record_of_spec(spec)
+            records.append(record)
+        else:
+            records.append(entry)
+    return records
+
+
+def _leg_columns(snap: Snapshot, depth: Optional[int]) -> Tuple[Any, Any, Any]:
     inputs = snapshot_columns(snap)
     n = len(inputs["node_id"])
     if depth is None or depth >= n:
-        return {"inputs": inputs, "outputs": {k: list(v) for k, v in inputs.items()}, "dropped": []}
+        return _part(inputs), _part({k: list(v) for k, v in inputs.items()}), []
     outputs = {k: v[:depth] for k, v in inputs.items()}
     drops = _Drops()
     for rank, node_id, score in zip(range(depth + 1, n + 1), inputs["node_id"][depth:], inputs["score"][depth:]):
         drops.add(node_id, DropReason.NOT_IN_TOP_K, rank, score, f"leg rank {rank} > candidate_top_k {depth}")
-    return {"inputs": inputs, "outputs": outputs, "dropped": drops.columns()}
+    return inputs, _part(outputs), drops.columns()
 
 
 def leg_record(
     name: str, component: str, query_str: Optional[str], results: Sequence[NodeWithScore], depth: Optional[int], latency_ms: float
 ) -> StageTrace:
     """A retrieval leg: what it returned (inputs) and the first ``depth`` that go to fusion (outputs)."""
-    return _lazy_record(Stage.RETRIEVAL_LEG, name, component, query_str, latency_ms, _leg_columns, (snapshot(results), depth),
-                        attributes={"candidate_top_k": depth})
+    return _record_of_spec(_leg_spec(name, component, query_str, results, depth, latency_ms, None))
+
+
+def _leg_spec(name: str, component: str, query_str: Optional[str], results: Sequence[NodeWithScore], depth: Optional[int],
+              latency_ms: float, span_id: Optional[str]) -> Spec:
+    return _spec(Stage.RETRIEVAL_LEG, name, component, query_str, latency_ms, _leg_columns, (snapshot(results), depth),
+                 {"candidate_top_k": depth}, span_id)
 
 
 def _fusion_fields(legs: Mapping[str, Sequence[TracedNode]], outputs: Sequence[TracedNode], attributes: Mapping[str, Any]) -> Dict[str, Any]:
@@ -939,37 +1153,35 @@ def _fusion_fields(legs: Mapping[str, Sequence[TracedNode]], outputs: Sequence[T
     return {"inputs": inputs, "dropped": dropped}
 
 
-def _fusion_columns(snap: Snapshot, leg_records: Tuple[Tuple[str, StageTrace], ...], attributes: Mapping[str, Any]) -> Dict[str, Any]:
-    merged = _Merged(leg_records, attributes)
-    return {"inputs": merged, "outputs": snapshot_columns(snap), "dropped": merged}
+def _fusion_columns(snap: Snapshot, legs: Tuple[Union[Spec, StageTrace], ...], attributes: Mapping[str, Any]) -> Tuple[Any, Any, Any]:
+    merged, outputs = _Merged(legs, attributes), snapshot_columns(snap)
+    return merged, outputs if outputs["node_id"] else [], merged
 
 
-def _emit_lazy_fusion(component: str, query_str: Optional[str], leg_records: Mapping[str, StageTrace],
+def _emit_lazy_fusion(component: str, query_str: Optional[str], legs: Tuple[Union[Spec, StageTrace], ...],
                       fused: Sequence[NodeWithScore], latency_ms: float, attributes: Dict[str, Any],
-                      count_candidates: Callable[[], int]) -> None:
-    """Emit fusion's record, its per-node entries built on first read.
+                      count_candidates: Callable[[], int], collectors: Optional[List[Any]], span_id: Optional[str]) -> None:
+    """Emit fusion's record (``legs``: what :func:`_emit_spec` returned for each leg), its per-node entries built on first read.
 
     ``count_candidates()``: how many distinct candidates the legs handed to fusion, asked only when
     events are dispatched (then the drop event is sent when fusion dropped any, without building
-    the record's entries to see).
+    the record's entries to see). ``collectors``: as :func:`_emit_spec` takes them.
     """
     snap = snapshot(fused)  # the results are the caller's (mutable): ids and scores kept now
-    record = _lazy_record(Stage.FUSION, "fusion", component, query_str, latency_ms, _fusion_columns,
-                          (snap, tuple(leg_records.items()), attributes), attributes=attributes)
-    collectors = _receivers()
-    n_dropped = None if collectors is not None else max(0, count_candidates() - len(fused))
-    _emit(record, n_dropped, collectors, active_span_id.get())
+    spec = _spec(Stage.FUSION, "fusion", component, query_str, latency_ms, _fusion_columns, (snap, legs, attributes), attributes, span_id)
+    _emit_spec(spec, None if collectors is not None else max(0, count_candidates() - len(fused)), collectors)
 
 
-
-
-
-
-def _array_leg_columns(node_ids: Sequence[str], positions: Any, scores: Any) -> Dict[str, Any]:
+def _array_leg_columns(node_ids: Sequence[str], positions: Any, scores: Any) -> Tuple[Any, Any, Any]:
     """An array leg's outputs: ``positions`` into ``node_ids`` (the index snapshot's ids) and their ``scores``, best first."""
-    if not len(positions):
-        return {"outputs": []}
-    return {"outputs": {"node_id": list(map(node_ids.__getitem__, positions.tolist())), "score": scores.tolist()}}
+    n = len(positions)
+    if n > 1:
+        ids = list(operator.itemgetter(*positions.tolist())(node_ids))
+    elif n:
+        ids = [node_ids[int(positions[0])]]
+    else:
+        return [], [], []
+    return [], {"node_id": ids, "score": scores.tolist()}, []
 
 
 # ------------------------------------------------------------------------------ stage hooks (called only when enabled)
@@ -984,15 +1196,16 @@ def trace_index_fusion(
     """
     query_str = _query_text(query)
     component = type(retriever).__name__
-    records: Dict[str, StageTrace] = {}
     collectors, span_id = _receivers(), active_span_id.get()
+    lap_ms, depth = laps.ms, retriever.candidate_top_k
+    entries = []
     for name, (positions, scores) in legs.items():
-        ms = laps.ms.get(name, 0.0) + (laps.ms.get("embed", 0.0) if name == "dense" else 0.0)
-        records[name] = record = _lazy_record(Stage.RETRIEVAL_LEG, name, component, query_str, ms, _array_leg_columns,
-                                              (node_ids, positions, scores), attributes={"candidate_top_k": retriever.candidate_top_k})
-        _emit(record, 0, collectors, span_id)
-    _emit_lazy_fusion(component, query_str, records, fused, laps.ms.get("fusion", 0.0), retriever.fusion_attributes,
-                      lambda: len(set().union(*(positions.tolist() for positions, _ in legs.values()))))
+        ms = lap_ms.get(name, 0.0) + (lap_ms.get("embed", 0.0) if name == "dense" else 0.0)
+        spec = _spec(Stage.RETRIEVAL_LEG, name, component, query_str, ms, _array_leg_columns, (node_ids, positions, scores),
+                     {"candidate_top_k": depth}, span_id)
+        entries.append(_emit_spec(spec, 0, collectors))
+    _emit_lazy_fusion(component, query_str, tuple(entries), fused, lap_ms.get("fusion", 0.0), retriever.fusion_attributes,
+                      lambda: len(set().union(*(positions.tolist() for positions, _ in legs.values()))), collectors, span_id)
 
 
 def trace_hybrid(
@@ -1002,13 +1215,15 @@ def trace_hybrid(
     """Emit the leg and fusion records of a ``HybridRetriever`` query."""
     query_str = _query_text(query)
     component = type(retriever).__name__
-    records: Dict[str, StageTrace] = {}
+    collectors, span_id = _receivers(), active_span_id.get()
     depths = retriever.candidate_depths
+    entries = []
     for name, results, depth, ms in zip(retriever.names, leg_results, depths, leg_ms):
-        records[name] = record = leg_record(name, component, query_str, results, depth, ms)
-        emit(record, n_dropped=0 if depth is None else max(0, len(results) - depth))
-    _emit_lazy_fusion(component, query_str, records, fused, fusion_ms, retriever.fusion_attributes,
-                      lambda: len({r.node.node_id for results, depth in zip(leg_results, depths) for r in results[:depth]}))
+        spec = _leg_spec(name, component, query_str, results, depth, ms, span_id)
+        entries.append(_emit_spec(spec, 0 if depth is None else max(0, len(results) - depth), collectors))
+    _emit_lazy_fusion(component, query_str, tuple(entries), fused, fusion_ms, retriever.fusion_attributes,
+                      lambda: len({r.node.node_id for results, depth in zip(leg_results, depths) for r in results[:depth]}),
+                      collectors, span_id)
 
 
 def timed(fn: Callable[[Any], Any], arg: Any) -> Tuple[Any, float]:
@@ -1024,10 +1239,10 @@ async def atimed(awaitable: Any) -> Tuple[Any, float]:
 
 
 def _gate_columns(in_snap: Snapshot, out_snap: Snapshot, cutoff: Optional[float], conf: Optional[float],
-                  threshold: Optional[float]) -> Dict[str, Any]:
+                  threshold: Optional[float]) -> Tuple[Any, Any, Any]:
     inputs = snapshot_columns(in_snap)
     if out_snap is in_snap:  # the open gate passed every input on: nothing dropped
-        return {"inputs": inputs, "outputs": _fresh_columns(inputs), "dropped": []}
+        return (inputs, _fresh_columns(inputs), []) if inputs["node_id"] else ([], [], [])
     outputs = snapshot_columns(out_snap)
     kept_ids = set(outputs["node_id"])
     drops = _Drops()
@@ -1039,7 +1254,7 @@ def _gate_columns(in_snap: Snapshot, out_snap: Snapshot, cutoff: Optional[float]
             drops.add(node_id, DropReason.BELOW_CUTOFF, rank, score, f"score {score} < similarity_cutoff {cutoff}")
         else:
             drops.add(node_id, DropReason.BELOW_THRESHOLD, rank, score, closed)
-    return {"inputs": inputs, "outputs": outputs, "dropped": drops.columns()}
+    return _part(inputs), _part(outputs), drops.columns()
 
 
 def gate_record(gate: Any, nodes: Sequence[NodeWithScore], kept: Sequence[NodeWithScore], query: Any, latency_ms: float,
@@ -1048,25 +1263,32 @@ def gate_record(gate: Any, nodes: Sequence[NodeWithScore], kept: Sequence[NodeWi
 
     ``confidence``: the answer probability the gate computed for these nodes (None when unfitted).
     """
+    return _record_of_spec(_gate_spec(gate, nodes, kept, query, latency_ms, confidence, None))
+
+
+def _gate_spec(gate: Any, nodes: Sequence[NodeWithScore], kept: Sequence[NodeWithScore], query: Any, latency_ms: float,
+               confidence: Optional[float], span_id: Optional[str]) -> Spec:
     fitted = gate.is_fitted
-    conf = confidence if fitted else None
-    threshold = gate.threshold if fitted else None
+    conf = _score(confidence) if fitted else None
+    threshold = _score(gate.threshold) if fitted else None
     cutoff = gate.similarity_cutoff
     in_snap = snapshot(nodes)
     same = len(kept) == len(nodes) and all(map(operator.is_, kept, nodes))  # the open gate: every input passed on
     out_snap = in_snap if same else snapshot(kept)
-    return _lazy_record(Stage.NO_ANSWER_GATE, "no_answer", type(gate).__name__, _query_text(query), latency_ms, _gate_columns,
-                        (in_snap, out_snap, cutoff, conf, threshold), confidence=conf, threshold=threshold,
-                        attributes={"closed": bool(nodes) and not kept, "similarity_cutoff": cutoff})
+    return (Stage.NO_ANSWER_GATE, "no_answer", type(gate).__name__, _query_text(query), float(latency_ms), conf, threshold, None,
+            None, {"closed": bool(nodes) and not kept, "similarity_cutoff": cutoff}, span_id,
+            _gate_columns, in_snap, out_snap, cutoff, conf, threshold)  # _spec(...), without the call
 
 
 def trace_gate(gate: Any, nodes: Sequence[NodeWithScore], kept: Sequence[NodeWithScore], query: Any, started: float,
                confidence: Optional[float] = None) -> None:
     """Emit the no-answer gate's record (``confidence``: see :func:`gate_record`)."""
-    emit(gate_record(gate, nodes, kept, query, elapsed_ms(started), confidence), n_dropped=len(nodes) - len(kept))
+    latency_ms = elapsed_ms(started)
+    collectors = _receivers()
+    _emit_spec(_gate_spec(gate, nodes, kept, query, latency_ms, confidence, active_span_id.get()), len(nodes) - len(kept), collectors)
 
 
-def _rerank_columns(in_snap: Snapshot, out_snap: Snapshot, capped: int, scored: int, budget_ms: Any, top_n: Any) -> Dict[str, Any]:
+def _rerank_columns(in_snap: Snapshot, out_snap: Snapshot, capped: int, scored: int, budget_ms: Any, top_n: Any) -> Tuple[Any, Any, Any]:
     inputs, outputs = snapshot_columns(in_snap), snapshot_columns(out_snap)
     kept = set(outputs["node_id"])
     drops = _Drops()
@@ -1079,62 +1301,86 @@ def _rerank_columns(in_snap: Snapshot, out_snap: Snapshot, capped: int, scored: 
             drops.add(node_id, DropReason.NOT_SCORED, rank, score, f"latency budget {budget_ms} ms: scored {scored}")
         else:
             drops.add(node_id, DropReason.NOT_IN_TOP_K, rank, score, f"reranked below top_n {top_n}")
-    return {"inputs": inputs, "outputs": outputs, "dropped": drops.columns()}
+    return _part(inputs), _part(outputs), drops.columns()
 
 
 def rerank_record(reranker: Any, query: Any, nodes: Sequence[NodeWithScore], results: Sequence[NodeWithScore], latency_ms: float) -> StageTrace:
     """The reranker: inputs beyond ``max_candidates``, unscored (latency budget) or below ``top_n`` are dropped."""
+    return _record_of_spec(_rerank_spec(reranker, query, nodes, results, latency_ms, None))
+
+
+def _rerank_spec(reranker: Any, query: Any, nodes: Sequence[NodeWithScore], results: Sequence[NodeWithScore], latency_ms: float,
+                 span_id: Optional[str]) -> Spec:
     stats = reranker.last_stats
     capped = stats.capped_to if stats is not None else len(nodes)
     scored = stats.scored if stats is not None else len(nodes)
     attributes: Dict[str, Any] = {"model": reranker.model, "top_n": reranker.top_n}
     if stats is not None:
         attributes.update(scoring_ms=stats.scoring_ms, scored=stats.scored, per_pair_ms=stats.per_pair_ms)
-    return _lazy_record(Stage.RERANK, "rerank", type(reranker).__name__, _query_text(query), latency_ms, _rerank_columns,
-                        (snapshot(nodes), snapshot(results), capped, scored, reranker.latency_budget_ms, reranker.top_n),
-                        attributes=attributes)
+    return _spec(Stage.RERANK, "rerank", type(reranker).__name__, _query_text(query), latency_ms, _rerank_columns,
+                 (snapshot(nodes), snapshot(results), capped, scored, reranker.latency_budget_ms, reranker.top_n), attributes, span_id)
 
 
 def trace_rerank(reranker: Any, query: Any, nodes: Sequence[NodeWithScore], results: Sequence[NodeWithScore], started: float) -> None:
     """Emit the reranker's record."""
-    emit(rerank_record(reranker, query, nodes, results, elapsed_ms(started)), n_dropped=len(nodes) - len(results))
+    latency_ms = elapsed_ms(started)
+    collectors = _receivers()
+    _emit_spec(_rerank_spec(reranker, query, nodes, results, latency_ms, active_span_id.get()), len(nodes) - len(results), collectors)
+
+
+_DUPLICATE_OF = "duplicate of "  # how the assembler's report words a duplicate: "duplicate of <node id>"
 
 
 def _assembly_columns(in_snap: Snapshot, out_snap: Snapshot, sources: Tuple[Tuple[str, ...], ...],
-                      left_out: Tuple[str, ...], max_tokens: Any) -> Dict[str, Any]:
+                      left_out: Tuple[str, ...], max_tokens: Any) -> Tuple[Any, Any, Any]:
     inputs = snapshot_columns(in_snap)
     outputs = snapshot_columns(out_snap)
     if outputs["node_id"]:
         outputs["source_ids"] = [list(s) for s in sources]
-    position = {node_id: i for i, node_id in enumerate(inputs["node_id"])}
-    scores = inputs["score"]
-    drops = _Drops()
-    for node_id, reason in zip(*[iter(left_out)] * 2):
-        i = position.get(node_id)
-        rank, score = (None, None) if i is None else (i + 1, scores[i])
-        if reason.startswith("duplicate of "):
-            drops.add(node_id, DropReason.DUPLICATE, rank, score, reason, reason[len("duplicate of "):])
-        else:
-            drops.add(node_id, DropReason.OVER_BUDGET, rank, score, f"budget {max_tokens} tokens")
-    return {"inputs": inputs, "outputs": outputs, "dropped": drops.columns()}
+    if not left_out:
+        return inputs if inputs["node_id"] else [], outputs if outputs["node_id"] else [], []
+    in_ids, in_scores = inputs["node_id"], inputs["score"]
+    position = dict(zip(in_ids, range(1, len(in_ids) + 1)))  # id -> rank (the last, for a repeated id)
+    ids, reasons = list(left_out[0::2]), left_out[1::2]
+    ranks = [position.get(node_id) for node_id in ids]
+    duplicate = [reason.startswith(_DUPLICATE_OF) for reason in reasons]
+    budget = f"budget {max_tokens} tokens"
+    dropped: Dict[str, Any] = {
+        "node_id": ids,
+        "reason": [_DUPLICATE_VALUE if dup else _OVER_BUDGET_VALUE for dup in duplicate],
+        "rank": ranks,
+        "score": [None if rank is None else in_scores[rank - 1] for rank in ranks],
+        "detail": [reason if dup else budget for reason, dup in zip(reasons, duplicate)],
+    }
+    if any(duplicate):
+        dropped["duplicate_of"] = [reason[len(_DUPLICATE_OF):] if dup else None for reason, dup in zip(reasons, duplicate)]
+    return inputs if inputs["node_id"] else [], outputs if outputs["node_id"] else [], dropped
 
 
 def assembly_record(assembler: Any, query: Any, nodes: Sequence[NodeWithScore], out: Sequence[NodeWithScore], report: Any,
                     latency_ms: float) -> StageTrace:
     """Context assembly: outputs are the assembled nodes (with the input ids each holds), drops from its report."""
+    return _record_of_spec(_assembly_spec(assembler, query, nodes, out, report, latency_ms, None))
+
+
+def _assembly_spec(assembler: Any, query: Any, nodes: Sequence[NodeWithScore], out: Sequence[NodeWithScore], report: Any,
+                   latency_ms: float, span_id: Optional[str]) -> Spec:
     sources = tuple([tuple((r.node.metadata or {}).get("source_node_ids") or ()) for r in out])
     left_out = tuple(_chain([(left.node_id, left.reason) for left in report.left_out]))  # flat: id, reason, id, reason, ...
-    return _lazy_record(Stage.ASSEMBLY, "context", type(assembler).__name__, _query_text(query), latency_ms, _assembly_columns,
-                        (snapshot(nodes), snapshot(out), sources, left_out, report.max_tokens),
-                        context_tokens=report.used_tokens, max_tokens=report.max_tokens,
-                        attributes={"order": getattr(assembler.order, "value", str(assembler.order)), "spans": report.spans,
-                                    "truncated": list(report.truncated)})
+    max_tokens, used_tokens = report.max_tokens, report.used_tokens
+    max_tokens, used_tokens = None if max_tokens is None else int(max_tokens), None if used_tokens is None else int(used_tokens)
+    return (Stage.ASSEMBLY, "context", type(assembler).__name__, _query_text(query), float(latency_ms), None, None,
+            used_tokens, max_tokens, {"order": _enum_value(assembler.order), "spans": report.spans,
+                                             "truncated": list(report.truncated)}, span_id,
+            _assembly_columns, snapshot(nodes), snapshot(out), sources, left_out, max_tokens)  # _spec(...), without the call
 
 
 def trace_assembly(assembler: Any, query: Any, nodes: Sequence[NodeWithScore], out: Sequence[NodeWithScore], report: Any,
                    started: float) -> None:
     """Emit the context assembler's record."""
-    emit(assembly_record(assembler, query, nodes, out, report, elapsed_ms(started)), n_dropped=len(report.left_out))
+    latency_ms = elapsed_ms(started)
+    collectors = _receivers()
+    _emit_spec(_assembly_spec(assembler, query, nodes, out, report, latency_ms, active_span_id.get()), len(report.left_out), collectors)
 
 
 # ------------------------------------------------------------------------------ responses
@@ -1147,26 +1393,38 @@ def attach_trace(response: Any, trace: Union[QueryTrace, Mapping[str, Any]]) -> 
 
 # ------------------------------------------------------------------------------ collecting
 class _Open:
-    """A trace being collected in one context, and the one it interrupted."""
+    """A trace being collected in one context (its stages so far, as handed on), and the one it
+    interrupted. The :class:`QueryTrace` is made when it closes."""
 
-    __slots__ = ("trace", "owner", "started", "previous")
+    __slots__ = ("query_str", "span_id", "owner", "previous", "entries", "started_at", "started")
 
-    def __init__(self, trace: QueryTrace, owner: Optional[str], previous: Optional["_Open"]) -> None:
-        self.trace, self.owner, self.previous = trace, owner, previous
+    def __init__(self, query_str: Optional[str], span_id: Optional[str], owner: Optional[str], previous: Optional["_Open"]) -> None:
+        self.query_str, self.span_id, self.owner, self.previous = query_str, span_id, owner, previous
+        self.entries: List[Union[Spec, StageTrace]] = []
+        self.started_at = datetime.now()
         self.started = time.perf_counter()
 
 
-def _new_trace(query_str: Optional[str], span_id: Optional[str], started_at: Optional[datetime] = None) -> QueryTrace:
-    """An empty :class:`QueryTrace`, unvalidated."""
-    return _construct(QueryTrace, {"trace_id": _IDS.hex(), "query_str": query_str, "started_at": started_at or datetime.now(),
-                                   "latency_ms": None, "stages": [], "span_id": span_id})
+_QUERY_FIELDS_SET = _ALL_FIELDS_SET.setdefault(QueryTrace, set(_field_names(QueryTrace)))
 
 
-def _one_stage_trace(record: StageTrace, started_at: datetime) -> QueryTrace:
-    """The trace of a stage that ran outside any query."""
-    values = record.__dict__
-    trace = _new_trace(values["query_str"], values["span_id"], started_at)
-    trace.__dict__.update(stages=[record], latency_ms=values["latency_ms"])
+def _new_trace(query_str: Optional[str], span_id: Optional[str], started_at: Optional[datetime] = None,
+               entries: Optional[List[Any]] = None) -> QueryTrace:
+    """A :class:`QueryTrace` of ``entries`` (pending: made into ``stages`` when read), unvalidated."""
+    return assemble(QueryTrace, {"trace_id": _IDS.hex(), "query_str": query_str, "started_at": started_at or datetime.now(),
+                                 "latency_ms": None, "span_id": span_id}, _QUERY_FIELDS_SET,
+                    private={"_pending": [] if entries is None else entries})
+
+
+def _one_stage_trace(entry: Union[Spec, StageTrace], started_at: datetime) -> QueryTrace:
+    """The trace of a stage (its :data:`Spec` or record) that ran outside any query."""
+    if type(entry) is tuple:
+        query_str, span_id, latency_ms = entry[_SPEC_QUERY], entry[_SPEC_SPAN], entry[_SPEC_LATENCY]
+    else:
+        values = entry.__dict__
+        query_str, span_id, latency_ms = values["query_str"], values["span_id"], values["latency_ms"]
+    trace = _new_trace(query_str, span_id, started_at, [entry])
+    trace.__dict__["latency_ms"] = latency_ms
     return trace
 
 
@@ -1292,16 +1550,17 @@ class TraceCollector(BaseEventHandler):
 
     def _begin(self, query_str: Optional[str], span_id: Optional[str], owner: Optional[str]) -> None:
         current = self.__pydantic_private__["_current"]  # not self._current: pydantic's __getattr__ on every event
-        current.set(_Open(_new_trace(query_str, span_id), owner, current.get()))
+        current.set(_Open(query_str, span_id, owner, current.get()))
 
-    def _add(self, record: StageTrace) -> None:
+    def _add(self, entry: Union[Spec, StageTrace]) -> None:
+        """Add a stage (its :data:`Spec`, or its record) to the open trace, or make it a trace of its own."""
         open_ = self.__pydantic_private__["_current"].get()
         if open_ is not None:
-            open_.trace.stages.append(record)
+            open_.entries.append(entry)
         elif type(self).on_trace is not TraceCollector.on_trace:  # a stage run outside a query: a trace of its own
-            self._finish(_one_stage_trace(record, datetime.now()))
+            self._finish(_one_stage_trace(entry, datetime.now()))
         elif self.keep:  # no export hook reads it now: the trace is made when `traces` / `last` are read
-            self._keep((record, datetime.now()))
+            self._keep((entry, datetime.now()))
 
     def _keep(self, entry: Any) -> None:
         private = self.__pydantic_private__
@@ -1317,12 +1576,14 @@ class TraceCollector(BaseEventHandler):
         if open_ is None or (open_.owner is None) != query_end or (not query_end and open_.owner != span_id):
             return
         current.set(open_.previous)
-        open_.trace.__dict__["latency_ms"] = elapsed_ms(open_.started)  # built unvalidated: no pydantic __setattr__
+        latency_ms = (time.perf_counter() - open_.started) * 1000.0
+        trace = _new_trace(open_.query_str, open_.span_id, open_.started_at, open_.entries)
+        trace.__dict__["latency_ms"] = latency_ms  # built unvalidated: no pydantic __setattr__
         data = None
         if self.attach and response is not None and hasattr(response, "metadata"):
-            data = open_.trace.to_dict()
-            attach_trace(response, data)
-        self._finish(open_.trace, data)
+            data = trace.to_dict()
+            response.metadata = {**(response.metadata or {}), "trace": data}  # as attach_trace, without its copy
+        self._finish(trace, data)
 
     def _finish(self, trace: QueryTrace, data: Optional[Dict[str, Any]] = None) -> None:
         if self.keep:
@@ -1358,8 +1619,8 @@ class _JsonlSink:
 
     def _reset(self) -> None:
         """Nothing pending, no thread, fresh locks (also in a forked child: the parent writes its own lines)."""
-        self.pending: List[Union[QueryTrace, str]] = []  # traces, or their lines (no newline)
-        self.unwritten: List[str] = []  # lines serialised but not written (the file could not be written)
+        self.pending: List[Union[QueryTrace, bytes]] = []  # traces, or their lines (UTF-8, no newline)
+        self.unwritten: List[bytes] = []  # lines serialised but not written (the file could not be written)
         self.pending_lock = threading.Lock()
         self.write_lock = threading.Lock()
         self.wake = threading.Event()  # something is pending (or closing)
@@ -1367,7 +1628,7 @@ class _JsonlSink:
         self.thread: Optional[threading.Thread] = None
         self.stopping = False
 
-    def add(self, trace: Union[QueryTrace, str]) -> None:
+    def add(self, trace: Union[QueryTrace, bytes]) -> None:
         with self.pending_lock:
             self.pending.append(trace)
             n = len(self.pending)
@@ -1400,15 +1661,15 @@ class _JsonlSink:
             for i, trace in enumerate(batch):
                 batch[i] = None  # serialised: freed now (unless kept), not with the whole batch
                 try:
-                    lines.append((trace if type(trace) is str else trace.to_json()) + "\n")
+                    lines.append((trace if type(trace) is bytes else trace.to_json().encode("utf-8")) + b"\n")
                 except Exception:  # never writable: keeping it would block every later line
                     logger.exception("trace of query %r cannot be serialised; not written to %s", trace.query_str, self.path)
             if not lines:
                 return 0
             try:
                 Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-                with open(self.path, "a", encoding="utf-8") as fh:
-                    fh.write("".join(lines))
+                with open(self.path, "ab") as fh:  # UTF-8 lines, as a text file with that encoding writes them
+                    fh.write(b"".join(lines))
             except BaseException:
                 self.unwritten = lines  # the next flush writes them first
                 raise
@@ -1481,7 +1742,7 @@ class JsonlTraceWriter(TraceCollector):
             self.on_trace(trace)
             return
         try:  # serialised now, from the dict attached to the response: before the caller can change it
-            line = dumps_json(data)
+            line = _dumps_utf8(data)
         except Exception:
             logger.exception("trace of query %r cannot be serialised; not written to %s", trace.query_str, self.path)
             return
@@ -1490,7 +1751,7 @@ class JsonlTraceWriter(TraceCollector):
     def on_trace(self, trace: QueryTrace) -> None:
         self._queue(trace)
 
-    def _queue(self, item: Union[QueryTrace, str]) -> None:
+    def _queue(self, item: Union[QueryTrace, bytes]) -> None:
         sink = self.__pydantic_private__["_sink"]
         if sink.path != self.path:  # the path was changed: what was queued goes to the old file
             sink.flush()

@@ -143,6 +143,47 @@ def test_an_ordinary_event_handler_sees_every_stage(
     assert _ids(response.source_nodes) == _ids(stage_events[-1].trace.outputs)
 
 
+def test_an_event_handler_serialising_the_events_gets_the_node_lists(engine: RetrieverQueryEngine) -> None:
+    """A handler that logs events as JSON (``model_dump_json``, as exporters do) gets every
+    stage's inputs, outputs and drops, though the records build them only when read."""
+    logged: List[dict] = []
+
+    class JsonLogger(BaseEventHandler):
+        def handle(self, event: BaseEvent, **kwargs: Any) -> None:
+            if isinstance(event, StageTraceEvent):
+                logged.append(json.loads(event.model_dump_json()))
+                logged.append(event.model_dump(mode="json"))
+
+    handler = JsonLogger()
+    root = get_dispatcher()
+    root.add_event_handler(handler)
+    try:
+        engine.query(ANSWERABLE[0])
+    finally:
+        root.event_handlers = [h for h in root.event_handlers if h is not handler]
+    assert logged
+    for as_json, as_dump in zip(logged[::2], logged[1::2]):
+        record = as_json["trace"]
+        assert {"inputs", "outputs", "dropped"} <= set(record) and record == as_dump["trace"]
+    assert any(entry["trace"]["outputs"] for entry in logged)
+    fusion = next(entry["trace"] for entry in logged if entry["trace"]["name"] == "fusion")
+    assert fusion["inputs"] and all("leg_ranks" in row for row in fusion["inputs"])
+
+
+def test_a_collected_trace_nested_in_another_model_serialises_whole(engine: RetrieverQueryEngine) -> None:
+    from llama_index.core.bridge.pydantic import BaseModel
+
+    class Report(BaseModel):
+        traces: List[QueryTrace]
+
+    with collect_traces() as collector:
+        engine.query(ANSWERABLE[0])
+    report = Report(traces=[collector.last])  # stages not read yet
+    dumped = report.model_dump(mode="json")["traces"][0]
+    assert dumped["stages"] and dumped == collector.last.model_dump(mode="json")
+    assert json.loads(report.model_dump_json())["traces"][0] == dumped
+
+
 # ----------------------------------------------------------------------------- completeness
 def _check_complete(trace: QueryTrace) -> None:
     *leg_records, fusion, gate, context = trace.stages
@@ -495,6 +536,30 @@ _legs = st.dictionaries(st.sampled_from(["bm25", "dense"]), st.integers(1, 50), 
 def test_a_snapshot_reads_as_the_results_did(entries: List[Any]) -> None:
     results = _results_of(entries, "n")
     assert tracing.from_snapshot(tracing.snapshot(results)) == tracing.traced_nodes(results)
+
+
+def test_a_collected_trace_reads_copies_and_pickles_as_a_built_one(engine: RetrieverQueryEngine) -> None:
+    """A collector keeps the stages as they were handed on and makes the records when they are first read."""
+    import copy
+    import pickle
+
+    first, second = TraceCollector(), TraceCollector()  # two plain collectors: the same stages, records of their own
+    with first, second:
+        response = engine.query(ANSWERABLE[0])
+    attached = response.metadata["trace"]  # each collector attaches its own trace: the last one stays
+    trace, twin = sorted([first.last, second.last], key=lambda t: t.trace_id != attached["trace_id"])
+    assert trace.to_dict() == attached  # written from the stages as handed on, nothing read yet
+    # a copy, a pickle and a comparison read the stages; the JSON form stays the same once they are read
+    assert copy.deepcopy(trace) == trace == pickle.loads(pickle.dumps(trace))
+    assert trace.to_dict() == attached
+    assert [s.name for s in twin.stages] == [s.name for s in trace.stages] and twin.stages[0] is not trace.stages[0]
+    legs = [s for s in twin.stages if s.stage is Stage.RETRIEVAL_LEG]
+    assert legs[0].outputs  # one leg's rows read, fusion's not: fusion still finds its legs
+    fusion = twin.to_dict()["stages"][len(legs)]
+    assert fusion["name"] == "fusion" and fusion["inputs"] == {"merged_from": [s.name for s in legs]}
+    assert twin.to_dict()["stages"] == attached["stages"]
+    _check_complete(twin)
+    assert twin.model_dump(mode="json")["stages"] == trace.model_dump(mode="json")["stages"]
 
 
 def test_trace_and_event_ids_are_unique_uuid4s(engine: RetrieverQueryEngine, recorder: Recorder) -> None:
