@@ -1199,10 +1199,15 @@ def trace_index_fusion(
     collectors, span_id = _receivers(), active_span_id.get()
     lap_ms, depth = laps.ms, retriever.candidate_top_k
     entries = []
+    embed_ms = lap_ms.get("embed", 0.0)
     for name, (positions, scores) in legs.items():
-        ms = lap_ms.get(name, 0.0) + (lap_ms.get("embed", 0.0) if name == "dense" else 0.0)
+        attributes: Dict[str, Any] = {"candidate_top_k": depth}
+        ms = lap_ms.get(name, 0.0)
+        if name == "dense":  # the dense leg's time includes embedding the query (0 when the bundle carried one)
+            ms += embed_ms
+            attributes["query_embedding_ms"] = embed_ms
         spec = _spec(Stage.RETRIEVAL_LEG, name, component, query_str, ms, _array_leg_columns, (node_ids, positions, scores),
-                     {"candidate_top_k": depth}, span_id)
+                     attributes, span_id)
         entries.append(_emit_spec(spec, 0, collectors))
     _emit_lazy_fusion(component, query_str, tuple(entries), fused, lap_ms.get("fusion", 0.0), retriever.fusion_attributes,
                       lambda: len(set().union(*(positions.tolist() for positions, _ in legs.values()))), collectors, span_id)
@@ -1810,7 +1815,9 @@ def _table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> List[str]:
 
 
 def _stage_header(s: StageTrace) -> str:
-    bits = [f"{s.name} ({s.stage.value}, {s.component})", f"{s.latency_ms:.2f} ms",
+    embed_ms = s.attributes.get("query_embedding_ms")
+    latency = f"{s.latency_ms:.2f} ms" + (f" (query embedding {embed_ms:.2f} ms)" if isinstance(embed_ms, (int, float)) and embed_ms else "")
+    bits = [f"{s.name} ({s.stage.value}, {s.component})", latency,
             f"in {len(s.inputs)}", f"out {len(s.outputs)}", f"dropped {len(s.dropped)}"]
     if s.confidence is not None:
         bits.append(f"confidence {s.confidence:.3f} / threshold {s.threshold:.3f}")
@@ -1826,7 +1833,8 @@ def format_trace(trace: Union[QueryTrace, Mapping[str, Any], str], max_rows: int
     elif not isinstance(trace, QueryTrace):
         trace = QueryTrace.from_dict(trace)
     total = f"{trace.latency_ms:.1f} ms" if trace.latency_ms is not None else "n/a"
-    lines = [f"trace {trace.trace_id} | query {trace.query_str!r} | total {total} | context tokens {trace.context_tokens}"]
+    tokens = "n/a (no assembly stage)" if trace.context_tokens is None else str(trace.context_tokens)
+    lines = [f"trace {trace.trace_id} | query {trace.query_str!r} | total {total} | context tokens {tokens}"]
     for s in trace.stages:
         lines += ["", _stage_header(s)]
         rows = [("out", str(n["rank"]), n["node_id"], _fmt_score(n["score"]), _legs(n)) for n in s.outputs[:max_rows]]
