@@ -1256,7 +1256,7 @@ class EdgePoints(_PointStore):
                 parts = sparse_parts(sparse) if sparse is not None else ([], [])
                 yield StoredPoint(str(record.id), dict(record.payload or {}), list(vectors.get(schema.dense_name) or []), parts)
 
-    def _request(self, plan: SearchPlan) -> "qe.QueryRequest":
+    def _request(self, plan: SearchPlan, with_payload: bool = True) -> "qe.QueryRequest":
         schema = self._schema
         assert schema is not None
         flt = self._render(plan.filter)
@@ -1268,10 +1268,10 @@ class EdgePoints(_PointStore):
             return qe.Query.Nearest(qe.SparseVector(*leg.sparse), using=schema.sparse_name)
 
         if plan.fusion is None:
-            return qe.QueryRequest(limit=plan.limit, query=nearest(plan.legs[0]), filter=flt, with_payload=True, with_vector=False)
+            return qe.QueryRequest(limit=plan.limit, query=nearest(plan.legs[0]), filter=flt, with_payload=with_payload, with_vector=False)
         prefetches = [qe.Prefetch(limit=plan.prefetch_limit, query=nearest(leg), filter=flt) for leg in plan.legs]
         fused = qe.Fusion.Dbsf() if plan.fusion == "dbsf" else qe.Fusion.Rrf(k=plan.engine_rrf_k)
-        return qe.QueryRequest(limit=plan.limit, query=fused, prefetches=prefetches, filter=flt, with_payload=True, with_vector=False)
+        return qe.QueryRequest(limit=plan.limit, query=fused, prefetches=prefetches, filter=flt, with_payload=with_payload, with_vector=False)
 
     def search(
         self,
@@ -1297,6 +1297,31 @@ class EdgePoints(_PointStore):
         request = self._request(plan)
         with engine_reads(self.path, "searched"):
             return [(dict(p.payload or {}), float(p.score)) for p in self._shard().query(request)]
+
+    def search_ids(
+        self,
+        dense: Optional[Sequence[float]],
+        sparse: Any = None,
+        *,
+        limit: int,
+        prefetch_limit: int = 100,
+        rrf_k: int = 60,
+        filter: Any = None,
+        fusion: str = "rrf",
+    ) -> List[Tuple[str, float]]:
+        """:meth:`search` without the payloads: ``(point id, score)`` of the same points, for a
+        caller that holds the nodes itself (parsing a payload back into a node costs ~20 us)."""
+        self._check_open()
+        if self._engine is None or self._schema is None:
+            return []
+        plan = plan_search(dense, sparse, limit=limit, prefetch_limit=prefetch_limit, rrf_k=rrf_k, filter=filter, fusion=fusion)
+        if plan is None:
+            return []
+        if dense is not None and len(plan.legs[0].dense or ()) != self._schema.dense_dim:
+            raise ValueError(f"dense query has {len(plan.legs[0].dense or ())} dimensions, the store {self._schema.dense_dim}")
+        request = self._request(plan, with_payload=False)
+        with engine_reads(self.path, "searched"):
+            return [(str(p.id), float(p.score)) for p in self._shard().query(request)]
 
     def flush(self) -> None:
         if self._engine is not None:
@@ -1558,6 +1583,24 @@ class ServerPoints(_PointStore):
             return []
         response = self.client.query_points(collection_name=self.collection, with_payload=True, **self._query_kwargs(plan))
         return [(dict(p.payload or {}), float(p.score)) for p in response.points]
+
+    def search_ids(
+        self,
+        dense: Optional[Sequence[float]],
+        sparse: Any = None,
+        *,
+        limit: int,
+        prefetch_limit: int = 100,
+        rrf_k: int = 60,
+        filter: Any = None,
+        fusion: str = "rrf",
+    ) -> List[Tuple[str, float]]:
+        """As :meth:`EdgePoints.search_ids`, through the Query API."""
+        plan = plan_search(dense, sparse, limit=limit, prefetch_limit=prefetch_limit, rrf_k=rrf_k, filter=filter, fusion=fusion)
+        if plan is None:
+            return []
+        response = self.client.query_points(collection_name=self.collection, with_payload=False, **self._query_kwargs(plan))
+        return [(str(p.id), float(p.score)) for p in response.points]
 
     def flush(self) -> None:
         """Server writes are acknowledged with ``wait=True``: nothing to flush."""

@@ -143,3 +143,61 @@ def test_feedback_fusion_respects_filters(index: HybridIndex, bundles) -> None:
         results = index.as_retriever("hybrid", similarity_top_k=50, filters=only).retrieve(qb)
         assert results and {r.node.metadata["doc_id"] for r in results} == {doc_id}
         assert all(set(r.leg_ranks) <= {"bm25", "dense", "feedback"} for r in results)
+
+
+def _as_compared(results) -> list:
+    """What a result is: id, score, class, text, metadata, relationships."""
+    return [(r.node.node_id, r.score, type(r.node).__name__, r.node.text, r.node.metadata, r.node.relationships) for r in results]
+
+
+@pytest.mark.parametrize("mode, options", [("qdrant_hybrid", {}), ("qdrant_hybrid", {"fusion": "dbsf"}), ("dense", {"dense_search": "qdrant"})])
+@pytest.mark.parametrize("filtered", [False, True])
+def test_engine_side_results_from_the_index_nodes_equal_the_payloads(
+    index: HybridIndex, bundles, mode, options, filtered, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the embedded store the engine returns ids and the nodes are copies of the index's own:
+    the same results as parsing every payload (what a server's results are built from)."""
+    from llama_index_retrieval_kit.retrievers.qdrant_hybrid import QdrantDenseRetriever, QdrantHybridRetriever
+
+    doc_id = index.doc_ids()[0]
+    filters = MetadataFilters(filters=[MetadataFilter(key="doc_id", value=doc_id)]) if filtered else None
+    from_index = index.as_retriever(mode, similarity_top_k=25, filters=filters, **options)
+    point_filter = None if filters is None else (lambda: index.store.metadata_filter(filters, index.bm25.snapshot.nodes))
+    if mode == "dense":
+        from_payloads = QdrantDenseRetriever(index.store, None, index.embed_model, similarity_top_k=25, filters=filters, point_filter=point_filter)
+    else:
+        from_payloads = QdrantHybridRetriever(
+            index.store, None, index.embed_model, index.bm25.tokenize, similarity_top_k=25, candidate_top_k=100,
+            rrf_k=60, filters=filters, point_filter=point_filter, **options,
+        )
+    wanted = [from_payloads.retrieve(qb) for qb in bundles[:4]]
+
+    def no_payload_search(*args, **kwargs):
+        raise AssertionError("the embedded index read the payloads")
+
+    monkeypatch.setattr(index.store, "search", no_payload_search)  # the index's retriever asks for ids only
+    for qb, want in zip(bundles[:4], wanted):
+        got = from_index.retrieve(qb)
+        assert got and _as_compared(got) == _as_compared(want)
+        if filtered:
+            assert {r.node.metadata["doc_id"] for r in got} == {doc_id}
+    # copies: changing a result changes neither the index nor the next query's results
+    first = from_index.retrieve(bundles[0])
+    first[0].node.metadata["doc_id"] = "changed"
+    first[0].node.relationships.clear()
+    assert _as_compared(from_index.retrieve(bundles[0])) == _as_compared(wanted[0])
+
+
+def test_engine_side_results_fall_back_to_payloads_when_the_lookup_lacks_a_point(index: HybridIndex, bundles, caplog) -> None:
+    from llama_index_retrieval_kit.retrievers.qdrant_hybrid import QdrantHybridRetriever
+
+    def partial_lookup(point_ids):  # knows every second point only
+        return [None if i % 2 else index.docstore.get_node(index.bm25.snapshot.nodes[0].node_id) for i, _ in enumerate(point_ids)]
+
+    common = dict(similarity_top_k=10, candidate_top_k=100, rrf_k=60)
+    lacking = QdrantHybridRetriever(index.store, None, index.embed_model, index.bm25.tokenize, node_lookup=partial_lookup, **common)
+    plain = QdrantHybridRetriever(index.store, None, index.embed_model, index.bm25.tokenize, **common)
+    with caplog.at_level("WARNING"):
+        got = lacking.retrieve(bundles[0])
+    assert _as_compared(got) == _as_compared(plain.retrieve(bundles[0]))
+    assert "not among the index's nodes" in caplog.text
