@@ -778,7 +778,7 @@ def run_benchmark(args: argparse.Namespace) -> List[Dict[str, Any]]:
         "dense", similarity_top_k=max(params["rrf"]["candidate_top_k"], our_depth), dense_search="qdrant"
     )
     qvec = {t: v for t, v in zip(queries.values(), C.cached_embeddings(list(queries.values())))}
-    # the same chunk vectors as a plain in-memory matrix: what a dense search costs without Qdrant local mode
+    # the same chunk vectors as a plain in-memory matrix: what a bare exact dense search costs
     leaf_texts = [C.embed_text_of(n) for n in index.bm25.nodes]
     matrix = C.cached_embeddings(leaf_texts)
     matrix /= np.linalg.norm(matrix, axis=1, keepdims=True)
@@ -797,7 +797,7 @@ def run_benchmark(args: argparse.Namespace) -> List[Dict[str, Any]]:
         # (caches as ONNX Runtime left them), not summed from two probes each run hot.
         "embedding then BM25 leg": lambda t: bm25_leg.retrieve(QueryBundle(t, embedding=embed_model.get_query_embedding(t))),
         "our dense leg, embedding given": lambda t: dense_leg.retrieve(QueryBundle(t, embedding=qvec[t].tolist())),
-        "Qdrant local dense search, embedding given": lambda t: qdrant_dense_leg.retrieve(QueryBundle(t, embedding=qvec[t].tolist())),
+        "Qdrant Edge dense search, embedding given": lambda t: qdrant_dense_leg.retrieve(QueryBundle(t, embedding=qvec[t].tolist())),
         "numpy dense top-k, embedding given": numpy_dense,
     }
     systems = li_systems + our_systems
@@ -832,7 +832,7 @@ def run_benchmark(args: argparse.Namespace) -> List[Dict[str, Any]]:
         "kind": "latency_floor",
         "query_embedding_p50_ms": pct(probe_times["query embedding"], 50),
         "llamaindex_query_embedding_p50_ms": pct(probe_times["LlamaIndex query embedding"], 50),
-        "qdrant_dense_given_embedding_p50_ms": pct(probe_times["Qdrant local dense search, embedding given"], 50),
+        "qdrant_dense_given_embedding_p50_ms": pct(probe_times["Qdrant Edge dense search, embedding given"], 50),
         "floor_with_llamaindex_embedding_p50_ms": pct(li_floor, 50),
         "bm25_leg_p50_ms": pct(probe_times["our BM25 leg"], 50),
         "dense_leg_given_embedding_p50_ms": pct(probe_times["our dense leg, embedding given"], 50),
@@ -861,7 +861,7 @@ def run_benchmark(args: argparse.Namespace) -> List[Dict[str, Any]]:
         f"(embedding {floor_row['query_embedding_p50_ms']:.1f}, BM25 {floor_row['bm25_leg_p50_ms']:.1f}); "
         f"LlamaIndex's HuggingFaceEmbedding query embedding: {floor_row['llamaindex_query_embedding_p50_ms']:.1f} ms; "
         f"dense top-k with the embedding given: ours {floor_row['dense_leg_given_embedding_p50_ms']:.2f} ms, "
-        f"Qdrant local mode {floor_row['qdrant_dense_given_embedding_p50_ms']:.1f} ms, "
+        f"ours in Qdrant Edge (dense_search=\"qdrant\") {floor_row['qdrant_dense_given_embedding_p50_ms']:.1f} ms, "
         f"bare numpy {floor_row['numpy_dense_given_embedding_p50_ms']:.2f} ms; "
         f"the same floor as one pipeline (embedding, then the BM25 leg, per query): p50 {floor_row['pipeline_floor_p50_ms']:.1f} ms"
     )
