@@ -775,6 +775,19 @@ def check_fusion(fusion: Optional[str]) -> Optional[str]:
     return None if fusion is None else EngineFusion.from_str(fusion).value
 
 
+#: Extra hits a search asks the engine for beyond ``limit``, so that points tied on score at the
+#: cut are chosen, like all ties, by point id (:func:`ranked_hits`).
+TIE_MARGIN = 8
+
+
+def ranked_hits(hits: Iterable[Any], limit: int) -> List[Any]:
+    """The engine's ``hits`` (anything with ``.id`` and ``.score``) ordered by score descending,
+    ties by point id (as text), cut to ``limit``. Qdrant returns points of equal score in no fixed
+    order (under RRF, where ties are common, the same query ranked differently from call to
+    call); this makes every search's order a function of the data."""
+    return sorted(hits, key=lambda hit: (-hit.score, str(hit.id)))[:limit]
+
+
 def plan_search(
     dense: Optional[Sequence[float]],
     sparse: Optional[SparseInput] = None,
@@ -1289,14 +1302,21 @@ class EdgePoints(_PointStore):
         self._check_open()
         if self._engine is None or self._schema is None:
             return []
-        plan = plan_search(dense, sparse, limit=limit, prefetch_limit=prefetch_limit, rrf_k=rrf_k, filter=filter, fusion=fusion)
+        plan = self._plan(dense, sparse, limit, prefetch_limit, rrf_k, filter, fusion)
         if plan is None:
             return []
-        if dense is not None and len(plan.legs[0].dense or ()) != self._schema.dense_dim:
-            raise ValueError(f"dense query has {len(plan.legs[0].dense or ())} dimensions, the store {self._schema.dense_dim}")
         request = self._request(plan)
         with engine_reads(self.path, "searched"):
-            return [(dict(p.payload or {}), float(p.score)) for p in self._shard().query(request)]
+            hits = ranked_hits(self._shard().query(request), limit)
+        return [(dict(p.payload or {}), float(p.score)) for p in hits]
+
+    def _plan(self, dense: Any, sparse: Any, limit: int, prefetch_limit: int, rrf_k: int, filter: Any, fusion: str) -> Optional[SearchPlan]:
+        """:func:`plan_search` for ``limit`` + :data:`TIE_MARGIN` hits, the query's dimension checked."""
+        limit = _check_count("limit", limit)
+        plan = plan_search(dense, sparse, limit=limit + TIE_MARGIN, prefetch_limit=prefetch_limit, rrf_k=rrf_k, filter=filter, fusion=fusion)
+        if plan is not None and dense is not None and self._schema is not None and len(plan.legs[0].dense or ()) != self._schema.dense_dim:
+            raise ValueError(f"dense query has {len(plan.legs[0].dense or ())} dimensions, the store {self._schema.dense_dim}")
+        return plan
 
     def search_ids(
         self,
@@ -1314,14 +1334,13 @@ class EdgePoints(_PointStore):
         self._check_open()
         if self._engine is None or self._schema is None:
             return []
-        plan = plan_search(dense, sparse, limit=limit, prefetch_limit=prefetch_limit, rrf_k=rrf_k, filter=filter, fusion=fusion)
+        plan = self._plan(dense, sparse, limit, prefetch_limit, rrf_k, filter, fusion)
         if plan is None:
             return []
-        if dense is not None and len(plan.legs[0].dense or ()) != self._schema.dense_dim:
-            raise ValueError(f"dense query has {len(plan.legs[0].dense or ())} dimensions, the store {self._schema.dense_dim}")
         request = self._request(plan, with_payload=False)
         with engine_reads(self.path, "searched"):
-            return [(str(p.id), float(p.score)) for p in self._shard().query(request)]
+            hits = ranked_hits(self._shard().query(request), limit)
+        return [(str(p.id), float(p.score)) for p in hits]
 
     def flush(self) -> None:
         if self._engine is not None:
@@ -1578,11 +1597,12 @@ class ServerPoints(_PointStore):
         fusion: str = "rrf",
     ) -> List[Tuple[Dict[str, Any], float]]:
         """As :meth:`EdgePoints.search`, through the Query API."""
-        plan = plan_search(dense, sparse, limit=limit, prefetch_limit=prefetch_limit, rrf_k=rrf_k, filter=filter, fusion=fusion)
+        limit = _check_count("limit", limit)
+        plan = plan_search(dense, sparse, limit=limit + TIE_MARGIN, prefetch_limit=prefetch_limit, rrf_k=rrf_k, filter=filter, fusion=fusion)
         if plan is None:
             return []
         response = self.client.query_points(collection_name=self.collection, with_payload=True, **self._query_kwargs(plan))
-        return [(dict(p.payload or {}), float(p.score)) for p in response.points]
+        return [(dict(p.payload or {}), float(p.score)) for p in ranked_hits(response.points, limit)]
 
     def search_ids(
         self,
@@ -1596,11 +1616,12 @@ class ServerPoints(_PointStore):
         fusion: str = "rrf",
     ) -> List[Tuple[str, float]]:
         """As :meth:`EdgePoints.search_ids`, through the Query API."""
-        plan = plan_search(dense, sparse, limit=limit, prefetch_limit=prefetch_limit, rrf_k=rrf_k, filter=filter, fusion=fusion)
+        limit = _check_count("limit", limit)
+        plan = plan_search(dense, sparse, limit=limit + TIE_MARGIN, prefetch_limit=prefetch_limit, rrf_k=rrf_k, filter=filter, fusion=fusion)
         if plan is None:
             return []
         response = self.client.query_points(collection_name=self.collection, with_payload=False, **self._query_kwargs(plan))
-        return [(str(p.id), float(p.score)) for p in response.points]
+        return [(str(p.id), float(p.score)) for p in ranked_hits(response.points, limit)]
 
     def flush(self) -> None:
         """Server writes are acknowledged with ``wait=True``: nothing to flush."""

@@ -201,3 +201,20 @@ def test_engine_side_results_fall_back_to_payloads_when_the_lookup_lacks_a_point
         got = lacking.retrieve(bundles[0])
     assert _as_compared(got) == _as_compared(plain.retrieve(bundles[0]))
     assert "not among the index's nodes" in caplog.text
+
+
+@pytest.mark.parametrize("options", [{"rrf_k": 1}, {"fusion": "dbsf"}])
+def test_qdrant_hybrid_orders_ties_by_point_id_the_same_on_every_call(index: HybridIndex, bundles, options) -> None:
+    """Qdrant returns equal scores in no fixed order (RRF ties are common): the store orders
+    them by point id, so a query ranks the same every time."""
+    from llama_index_retrieval_kit.indices.store import point_id
+
+    retriever = index.as_retriever("qdrant_hybrid", similarity_top_k=30, **options)
+    ties = 0
+    for qb in bundles:
+        runs = [[(r.node.node_id, r.score) for r in retriever.retrieve(qb)] for _ in range(4)]
+        assert all(run == runs[0] for run in runs[1:])
+        keys = [(-score, point_id(node_id)) for node_id, score in runs[0]]
+        assert keys == sorted(keys)
+        ties += sum(a[0] == b[0] for a, b in zip(keys, keys[1:]))
+    assert ties or "fusion" in options  # RRF with k=1 ties on these questions: the rule was exercised

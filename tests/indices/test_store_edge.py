@@ -14,6 +14,8 @@ from typing import Any, Dict, List
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from llama_index.core.schema import NodeRelationship, RelatedNodeInfo, TextNode
 from llama_index.core.vector_stores.types import FilterCondition, FilterOperator, MetadataFilter, MetadataFilters
 from llama_index.core.vector_stores.utils import metadata_dict_to_node, node_to_metadata_dict
@@ -385,3 +387,18 @@ def test_dense_block_is_every_vector_in_one_matrix(tmp_path: Path) -> None:
     finally:
         edge.close()
         server.close()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([0.5, 0.25, 0.1, 1.0]), st.uuids()), max_size=20, unique_by=lambda h: h[1]), st.integers(1, 25))
+def test_ranked_hits_orders_by_score_then_point_id(hits, limit) -> None:
+    from types import SimpleNamespace
+
+    from llama_index_retrieval_kit.indices.store import ranked_hits
+
+    objects = [SimpleNamespace(score=score, id=uid) for score, uid in hits]
+    got = ranked_hits(objects, limit)
+    assert len(got) == min(limit, len(objects))
+    keys = [(-h.score, str(h.id)) for h in got]
+    assert keys == sorted(keys) and keys == sorted((-h.score, str(h.id)) for h in objects)[:limit]
+    assert ranked_hits(list(reversed(objects)), limit) == got
