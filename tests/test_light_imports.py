@@ -41,3 +41,9 @@ def test_lazy_exports_still_resolve() -> None:
         assert missing == [], (package.__name__, missing)
     with pytest.raises(AttributeError, match="no attribute 'NoSuchThing'"):
         kit.NoSuchThing  # noqa: B018
+
+
+def test_the_embedded_index_does_not_import_qdrant_client() -> None:
+    """qdrant-client (~0.5 s to import) serves Qdrant servers; the embedded store is Qdrant Edge."""
+    code = "from llama_index_retrieval_kit.indices import HybridIndex\nfrom llama_index_retrieval_kit.retrievers import QdrantHybridRetriever"
+    assert "qdrant_client" not in _loaded(code)

@@ -35,18 +35,20 @@ import hashlib
 import logging
 from collections import Counter
 from contextlib import nullcontext
-from typing import Any, Callable, ContextManager, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, List, Optional, Sequence
 
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.schema import BaseNode, NodeWithScore, QueryBundle
 from llama_index.core.vector_stores.types import MetadataFilters, VectorStoreQuery
 from llama_index.core.vector_stores.utils import metadata_dict_to_node
-from qdrant_client import QdrantClient, models
 
 from .checks import CheckedQueryMixin, check_positive_int, check_query_text
 from .exact_dense import query_embedding
 from .filters import validate_filters
+
+if TYPE_CHECKING:  # qdrant-client (~0.5 s to import) is imported where a server or its types are used
+    from qdrant_client import models
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +95,8 @@ def bm25_doc_vector(tokens: Sequence[str], avgdl: float, k1: float = 1.5, b: flo
         tid = token_id(term)
         weights[tid] = weights.get(tid, 0.0) + tf / (tf + norm)
     ids = sorted(weights)
+    from qdrant_client import models
+
     return models.SparseVector(indices=ids, values=[weights[i] for i in ids])
 
 
@@ -100,6 +104,8 @@ def bm25_query_vector(tokens: Sequence[str]) -> models.SparseVector:
     """Weight = how often the term occurs in the query (bm25s also counts repeats)."""
     counts: Counter[int] = Counter(token_id(t) for t in tokens)
     ids = sorted(counts)
+    from qdrant_client import models
+
     return models.SparseVector(indices=ids, values=[float(counts[i]) for i in ids])
 
 
