@@ -184,7 +184,54 @@ def _construct(cls: Any, values: Dict[str, Any], private: Optional[Dict[str, Any
     return assemble(cls, values, fields_set, private=private)
 
 
-class StageTrace(BaseModel):
+class _BuiltOnRead:
+    """For a pydantic model with fields made when first read (not in ``__dict__`` until then):
+    everything of pydantic's that reads ``__dict__`` makes them first. ``_materialize`` makes all
+    of them (serialisation); ``_made_for_copy`` what a copy, comparison or ``repr`` needs (by
+    default the same). A model also needs a wrap ``model_serializer`` calling ``_materialize``, for
+    serialisation as a nested value (pydantic collects those from model classes only)."""
+
+    __slots__ = ()
+
+    def _materialize(self) -> Any:  # pragma: no cover - every user defines it
+        raise NotImplementedError
+
+    def _made_for_copy(self) -> Any:
+        return self._materialize()
+
+    def model_dump(self, **kwargs: Any) -> Dict[str, Any]:
+        return super(_BuiltOnRead, self._materialize()).model_dump(**kwargs)  # type: ignore[misc]
+
+    def model_dump_json(self, **kwargs: Any) -> str:
+        return super(_BuiltOnRead, self._materialize()).model_dump_json(**kwargs)  # type: ignore[misc]
+
+    def model_copy(self, **kwargs: Any) -> Any:
+        return super(_BuiltOnRead, self._made_for_copy()).model_copy(**kwargs)  # type: ignore[misc]
+
+    def __eq__(self, other: Any) -> bool:
+        if isinstance(other, _BuiltOnRead):
+            other._made_for_copy()
+        return super(_BuiltOnRead, self._made_for_copy()).__eq__(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __iter__(self) -> Any:
+        return super(_BuiltOnRead, self._made_for_copy()).__iter__()  # type: ignore[misc]
+
+    def __repr_args__(self) -> Any:
+        return super(_BuiltOnRead, self._made_for_copy()).__repr_args__()  # type: ignore[misc]
+
+    def __getstate__(self) -> Dict[Any, Any]:
+        return super(_BuiltOnRead, self._made_for_copy()).__getstate__()  # type: ignore[misc]
+
+    def __copy__(self) -> Any:
+        return super(_BuiltOnRead, self._made_for_copy()).__copy__()  # type: ignore[misc]
+
+    def __deepcopy__(self, memo: Any = None) -> Any:
+        return super(_BuiltOnRead, self._made_for_copy()).__deepcopy__(memo)  # type: ignore[misc]
+
+
+class StageTrace(_BuiltOnRead, BaseModel):
     """What one stage did for one query."""
 
     stage: Stage = Field(description="Kind of stage.")
@@ -231,34 +278,6 @@ class StageTrace(BaseModel):
         builds the node lists first: pydantic reads the fields from ``__dict__``."""
         return handler(self._materialize())
 
-    def model_dump(self, **kwargs: Any) -> Dict[str, Any]:
-        return super(StageTrace, self._materialize()).model_dump(**kwargs)
-
-    def model_dump_json(self, **kwargs: Any) -> str:
-        return super(StageTrace, self._materialize()).model_dump_json(**kwargs)
-
-    def model_copy(self, **kwargs: Any) -> Any:
-        return super(StageTrace, self._materialize()).model_copy(**kwargs)
-
-    def __eq__(self, other: Any) -> bool:
-        if isinstance(other, StageTrace):
-            other._materialize()
-        return super(StageTrace, self._materialize()).__eq__(other)
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr_args__(self) -> Any:
-        return super(StageTrace, self._materialize()).__repr_args__()
-
-    def __getstate__(self) -> Dict[Any, Any]:
-        return super(StageTrace, self._materialize()).__getstate__()
-
-    def __copy__(self) -> Any:
-        return super(StageTrace, self._materialize()).__copy__()
-
-    def __deepcopy__(self, memo: Any = None) -> Any:
-        return super(StageTrace, self._materialize()).__deepcopy__(memo)
-
     def unaccounted_ids(self) -> List[str]:
         """Input ids neither returned (directly or inside an assembled node) nor dropped: empty for a complete record."""
         covered = {n["node_id"] for n in self.outputs} | {d["node_id"] for d in self.dropped}
@@ -279,7 +298,7 @@ _SPEC_FIELDS = ("stage", "name", "component", "query_str", "latency_ms", "confid
 _SPEC_NAME, _SPEC_QUERY, _SPEC_LATENCY, _SPEC_SPAN, _SPEC_BUILD = 1, 3, 4, 10, len(_SPEC_FIELDS)
 
 
-class QueryTrace(BaseModel):
+class QueryTrace(_BuiltOnRead, BaseModel):
     """The stage records of one query, in the order the stages ran."""
 
     trace_id: str = Field(default_factory=lambda: _IDS.hex(), description="Unique id of this trace (UUID-4 form, 32 hex digits).")
@@ -335,36 +354,8 @@ class QueryTrace(BaseModel):
         records and their node lists first: pydantic reads the fields from ``__dict__``."""
         return handler(self._materialize())
 
-    def model_dump(self, **kwargs: Any) -> Dict[str, Any]:
-        return super(QueryTrace, self._materialize()).model_dump(**kwargs)
-
-    def model_dump_json(self, **kwargs: Any) -> str:
-        return super(QueryTrace, self._materialize()).model_dump_json(**kwargs)
-
-    def model_copy(self, **kwargs: Any) -> Any:
-        return super(QueryTrace, self._materialize_stages()).model_copy(**kwargs)
-
-    def __eq__(self, other: Any) -> bool:
-        if isinstance(other, QueryTrace):
-            other._materialize_stages()
-        return super(QueryTrace, self._materialize_stages()).__eq__(other)
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __iter__(self) -> Any:
-        return super(QueryTrace, self._materialize_stages()).__iter__()
-
-    def __repr_args__(self) -> Any:
-        return super(QueryTrace, self._materialize_stages()).__repr_args__()
-
-    def __getstate__(self) -> Dict[Any, Any]:
-        return super(QueryTrace, self._materialize_stages()).__getstate__()
-
-    def __copy__(self) -> Any:
-        return super(QueryTrace, self._materialize_stages()).__copy__()
-
-    def __deepcopy__(self, memo: Any = None) -> Any:
-        return super(QueryTrace, self._materialize_stages()).__deepcopy__(memo)
+    def _made_for_copy(self) -> "QueryTrace":
+        return self._materialize_stages()  # the records make their own node lists when they are read
 
     def to_dict(self) -> Dict[str, Any]:
         """JSON-ready dict in the columnar layout (``"format": 2``, see :data:`TRACE_FORMAT`).
@@ -614,7 +605,7 @@ class StageTraceEvent(BaseEvent):
         return "StageTraceEvent"
 
 
-class NodesDroppedEvent(BaseEvent):
+class NodesDroppedEvent(_BuiltOnRead, BaseEvent):
     """A stage did not pass some of its input nodes on (LlamaIndex has no such event)."""
 
     stage: Stage = Field(description="Kind of stage.")
@@ -642,21 +633,10 @@ class NodesDroppedEvent(BaseEvent):
             self.dropped  # noqa: B018 (builds it)
         return self
 
-    def model_dump(self, **kwargs: Any) -> Dict[str, Any]:
-        return super(NodesDroppedEvent, self._materialize()).model_dump(**kwargs)
-
-    def model_dump_json(self, **kwargs: Any) -> str:
-        return super(NodesDroppedEvent, self._materialize()).model_dump_json(**kwargs)
-
-    def __eq__(self, other: Any) -> bool:
-        if isinstance(other, NodesDroppedEvent):
-            other._materialize()
-        return super(NodesDroppedEvent, self._materialize()).__eq__(other)
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr_args__(self) -> Any:
-        return super(NodesDroppedEvent, self._materialize()).__repr_args__()
+    @model_serializer(mode="wrap")
+    def serialize_built(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """Any pydantic serialisation builds ``dropped`` first (see :class:`_BuiltOnRead`)."""
+        return handler(self._materialize())
 
 
 class _Kind(int, Enum):

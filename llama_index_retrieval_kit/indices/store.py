@@ -1003,6 +1003,48 @@ class _PointStore:
             else:
                 logger.info("%s: created the %s payload index of %r (first filtered)", self.location, kind.value, field)
 
+    def search(
+        self,
+        dense: Optional[Sequence[float]],
+        sparse: Any = None,
+        *,
+        limit: int,
+        prefetch_limit: int = 100,
+        rrf_k: int = 60,
+        filter: Any = None,
+        fusion: str = "rrf",
+    ) -> List[Tuple[Dict[str, Any], float]]:
+        """``(payload, score)`` of the top ``limit`` points, as :func:`plan_search` describes, ties
+        ordered by point id (:func:`ranked_hits`). Scores are float32 (the engine's)."""
+        hits = self._ranked_hits(dense, sparse, limit, dict(prefetch_limit=prefetch_limit, rrf_k=rrf_k, filter=filter, fusion=fusion), True)
+        return [(dict(p.payload or {}), float(p.score)) for p in hits]
+
+    def search_ids(
+        self,
+        dense: Optional[Sequence[float]],
+        sparse: Any = None,
+        *,
+        limit: int,
+        prefetch_limit: int = 100,
+        rrf_k: int = 60,
+        filter: Any = None,
+        fusion: str = "rrf",
+    ) -> List[Tuple[str, float]]:
+        """:meth:`search` without the payloads: ``(point id, score)`` of the same points, for a
+        caller that holds the nodes itself (parsing a payload back into a node costs ~20 us)."""
+        hits = self._ranked_hits(dense, sparse, limit, dict(prefetch_limit=prefetch_limit, rrf_k=rrf_k, filter=filter, fusion=fusion), False)
+        return [(str(p.id), float(p.score)) for p in hits]
+
+    def _ranked_hits(self, dense: Any, sparse: Any, limit: int, options: Dict[str, Any], with_payload: bool) -> List[Any]:
+        """The engine's top ``limit`` hits (asked for ``limit`` + :data:`TIE_MARGIN`), by :func:`ranked_hits`."""
+        limit = _check_count("limit", limit)
+        plan = plan_search(dense, sparse, limit=limit + TIE_MARGIN, **options)
+        return [] if plan is None else ranked_hits(self._query(plan, with_payload), limit)
+
+    def _query(self, plan: SearchPlan, with_payload: bool) -> List[Any]:  # pragma: no cover - every transport defines it
+        """Run ``plan`` in the engine: its scored points (with payloads when asked)."""
+        raise NotImplementedError
+
     @property
     def payload_indexes(self) -> Dict[str, IndexKind]:  # pragma: no cover - every transport defines it
         raise NotImplementedError
@@ -1286,61 +1328,16 @@ class EdgePoints(_PointStore):
         fused = qe.Fusion.Dbsf() if plan.fusion == "dbsf" else qe.Fusion.Rrf(k=plan.engine_rrf_k)
         return qe.QueryRequest(limit=plan.limit, query=fused, prefetches=prefetches, filter=flt, with_payload=with_payload, with_vector=False)
 
-    def search(
-        self,
-        dense: Optional[Sequence[float]],
-        sparse: Any = None,
-        *,
-        limit: int,
-        prefetch_limit: int = 100,
-        rrf_k: int = 60,
-        filter: Any = None,
-        fusion: str = "rrf",
-    ) -> List[Tuple[Dict[str, Any], float]]:
-        """``(payload, score)`` of the top ``limit`` points, as :func:`plan_search` describes.
-        Scores are float32 (the engine's)."""
+    def _query(self, plan: SearchPlan, with_payload: bool) -> List[Any]:
         self._check_open()
         if self._engine is None or self._schema is None:
             return []
-        plan = self._plan(dense, sparse, limit, prefetch_limit, rrf_k, filter, fusion)
-        if plan is None:
-            return []
-        request = self._request(plan)
+        dense = plan.legs[0].dense
+        if dense is not None and len(dense) != self._schema.dense_dim:
+            raise ValueError(f"dense query has {len(dense)} dimensions, the store {self._schema.dense_dim}")
+        request = self._request(plan, with_payload)
         with engine_reads(self.path, "searched"):
-            hits = ranked_hits(self._shard().query(request), limit)
-        return [(dict(p.payload or {}), float(p.score)) for p in hits]
-
-    def _plan(self, dense: Any, sparse: Any, limit: int, prefetch_limit: int, rrf_k: int, filter: Any, fusion: str) -> Optional[SearchPlan]:
-        """:func:`plan_search` for ``limit`` + :data:`TIE_MARGIN` hits, the query's dimension checked."""
-        limit = _check_count("limit", limit)
-        plan = plan_search(dense, sparse, limit=limit + TIE_MARGIN, prefetch_limit=prefetch_limit, rrf_k=rrf_k, filter=filter, fusion=fusion)
-        if plan is not None and dense is not None and self._schema is not None and len(plan.legs[0].dense or ()) != self._schema.dense_dim:
-            raise ValueError(f"dense query has {len(plan.legs[0].dense or ())} dimensions, the store {self._schema.dense_dim}")
-        return plan
-
-    def search_ids(
-        self,
-        dense: Optional[Sequence[float]],
-        sparse: Any = None,
-        *,
-        limit: int,
-        prefetch_limit: int = 100,
-        rrf_k: int = 60,
-        filter: Any = None,
-        fusion: str = "rrf",
-    ) -> List[Tuple[str, float]]:
-        """:meth:`search` without the payloads: ``(point id, score)`` of the same points, for a
-        caller that holds the nodes itself (parsing a payload back into a node costs ~20 us)."""
-        self._check_open()
-        if self._engine is None or self._schema is None:
-            return []
-        plan = self._plan(dense, sparse, limit, prefetch_limit, rrf_k, filter, fusion)
-        if plan is None:
-            return []
-        request = self._request(plan, with_payload=False)
-        with engine_reads(self.path, "searched"):
-            hits = ranked_hits(self._shard().query(request), limit)
-        return [(str(p.id), float(p.score)) for p in hits]
+            return self._shard().query(request)
 
     def flush(self) -> None:
         if self._engine is not None:
@@ -1585,43 +1582,8 @@ class ServerPoints(_PointStore):
         )
         return {"prefetch": prefetch, "query": fused, "limit": plan.limit, "query_filter": flt}
 
-    def search(
-        self,
-        dense: Optional[Sequence[float]],
-        sparse: Any = None,
-        *,
-        limit: int,
-        prefetch_limit: int = 100,
-        rrf_k: int = 60,
-        filter: Any = None,
-        fusion: str = "rrf",
-    ) -> List[Tuple[Dict[str, Any], float]]:
-        """As :meth:`EdgePoints.search`, through the Query API."""
-        limit = _check_count("limit", limit)
-        plan = plan_search(dense, sparse, limit=limit + TIE_MARGIN, prefetch_limit=prefetch_limit, rrf_k=rrf_k, filter=filter, fusion=fusion)
-        if plan is None:
-            return []
-        response = self.client.query_points(collection_name=self.collection, with_payload=True, **self._query_kwargs(plan))
-        return [(dict(p.payload or {}), float(p.score)) for p in ranked_hits(response.points, limit)]
-
-    def search_ids(
-        self,
-        dense: Optional[Sequence[float]],
-        sparse: Any = None,
-        *,
-        limit: int,
-        prefetch_limit: int = 100,
-        rrf_k: int = 60,
-        filter: Any = None,
-        fusion: str = "rrf",
-    ) -> List[Tuple[str, float]]:
-        """As :meth:`EdgePoints.search_ids`, through the Query API."""
-        limit = _check_count("limit", limit)
-        plan = plan_search(dense, sparse, limit=limit + TIE_MARGIN, prefetch_limit=prefetch_limit, rrf_k=rrf_k, filter=filter, fusion=fusion)
-        if plan is None:
-            return []
-        response = self.client.query_points(collection_name=self.collection, with_payload=False, **self._query_kwargs(plan))
-        return [(str(p.id), float(p.score)) for p in ranked_hits(response.points, limit)]
+    def _query(self, plan: SearchPlan, with_payload: bool) -> List[Any]:
+        return self.client.query_points(collection_name=self.collection, with_payload=with_payload, **self._query_kwargs(plan)).points
 
     def flush(self) -> None:
         """Server writes are acknowledged with ``wait=True``: nothing to flush."""
