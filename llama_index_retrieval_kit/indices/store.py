@@ -146,6 +146,17 @@ def _is_exact_scalar(value: Any) -> bool:
     return False
 
 
+_STR_KINDS = ("str",)
+_EMPTY_STR_KINDS = ("str", "empty")
+_UPPER_STR_KINDS = ("str", "upper")
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _plain_key(key: str) -> bool:
+    """Whether ``key`` is a plain name (``[A-Za-z0-9_-]+``): only those get ``_kinds`` tokens."""
+    return _KEY_RE.match(key) is not None
+
+
 def _value_kinds(value: Any) -> Optional[Tuple[str, ...]]:
     """The ``_kinds`` kinds of one metadata value (not None); None when it is not exactly comparable."""
     kind = type(value)
@@ -169,25 +180,28 @@ def _value_kinds(value: Any) -> Optional[Tuple[str, ...]]:
     if kind is bool:
         return ("true",) if value else ("false",)
     if kind is str:
-        return ("str",) + (("empty",) if value == "" else ()) + (("upper",) if value.lower() != value else ())
+        return _UPPER_STR_KINDS if value.lower() != value else _EMPTY_STR_KINDS if not value else _STR_KINDS
     return ("num",)
 
 
-def kind_tokens(metadata: Mapping[str, Any]) -> List[str]:
-    """The ``_kinds`` tokens of ``metadata`` (see the module docstring); never raises.
-
-    Keys that are not plain names (``[A-Za-z0-9_-]+``) get none: filters on them are never
-    translated. None (= missing) has no token.
-    """
-    tokens = [BOOKKEEPING_TOKEN]
+def _keyed_kinds(metadata: Mapping[str, Any]) -> Iterator[Tuple[str, Any, Optional[Tuple[str, ...]]]]:
+    """``(key, value, kinds)`` of the keys ``_kinds`` describes: plain names (``[A-Za-z0-9_-]+``;
+    filters on other keys are never translated) with a value (None = missing)."""
     for key, value in metadata.items():
-        if value is None or not isinstance(key, str) or not _KEY_RE.match(key):
-            continue
-        kinds = _value_kinds(value)
-        if kinds is None:
-            tokens.append(f"other:{key}")
-        else:
-            tokens.extend(f"{kind}:{key}" for kind in kinds)
+        if value is not None and isinstance(key, str) and _plain_key(key):
+            yield key, value, _value_kinds(value)
+
+
+def _key_tokens(key: str, kinds: Optional[Tuple[str, ...]]) -> List[str]:
+    """The ``_kinds`` tokens of one key whose value has ``kinds`` (None: not exactly comparable)."""
+    return [f"other:{key}"] if kinds is None else [f"{kind}:{key}" for kind in kinds]
+
+
+def kind_tokens(metadata: Mapping[str, Any]) -> List[str]:
+    """The ``_kinds`` tokens of ``metadata`` (see the module docstring); never raises."""
+    tokens = [BOOKKEEPING_TOKEN]
+    for key, _, kinds in _keyed_kinds(metadata):
+        tokens += _key_tokens(key, kinds)
     return tokens
 
 
@@ -207,23 +221,12 @@ def metadata_field(key: str) -> str:
     return f"{MASKED_FIELD}.{key}" if key in LAYOUT_FIELDS or key in BOOKKEEPING_FIELDS else key
 
 
-@functools.lru_cache(maxsize=1 << 14)
-def _plain_key(key: str) -> bool:
-    """Whether ``key`` is a plain name (``[A-Za-z0-9_-]+``): only those get ``_kinds`` tokens."""
-    return _KEY_RE.match(key) is not None
-
-
 @functools.lru_cache(maxsize=1 << 16)
 def _key_kind_codes(key: str, kinds: Optional[Tuple[str, ...]]) -> Tuple[int, ...]:
-    """The ``_kinds`` codes of ``key`` with value kinds ``kinds`` (None: ``other:<key>``)."""
-    if kinds is None:
-        return (token_code(f"other:{key}"),)
-    return tuple(token_code(f"{kind}:{key}") for kind in kinds)
+    """The codes of :func:`_key_tokens` (memoised: chunks of one corpus share their keys and kinds)."""
+    return tuple(token_code(token) for token in _key_tokens(key, kinds))
 
 
-_STR_KINDS = ("str",)
-_EMPTY_STR_KINDS = ("str", "empty")
-_UPPER_STR_KINDS = ("str", "upper")
 _MASKED_KEYS = frozenset(LAYOUT_FIELDS) | frozenset(BOOKKEEPING_FIELDS)
 
 
@@ -231,26 +234,15 @@ def filter_fields(metadata: Mapping[str, Any]) -> Dict[str, Any]:
     """The bookkeeping fields stored beside the layout so that filters on ``metadata`` are exact
     (``_lower`` and ``_masked`` only when they hold something).
 
-    ``_kinds`` holds the :func:`token_code` of each of :func:`kind_tokens` (in that order); one
-    pass over the metadata, the codes of a (key, kinds) pair memoised (a write computes them for
-    every chunk, and chunks of one corpus share their keys and kinds).
+    ``_kinds`` holds the :func:`token_code` of each of :func:`kind_tokens` (in that order).
     """
     codes: List[int] = [_BOOKKEEPING_CODE]
     lower: Dict[str, str] = {}
     masked: Dict[str, Any] = {}
-    for key, value in metadata.items():
-        if value is None or not isinstance(key, str) or not _plain_key(key):
-            continue
-        if type(value) is str:
-            folded = value.lower()
-            if folded != value:
-                lower[key] = folded
-                kinds: Optional[Tuple[str, ...]] = _UPPER_STR_KINDS
-            else:
-                kinds = _EMPTY_STR_KINDS if not value else _STR_KINDS
-        else:
-            kinds = _value_kinds(value)
+    for key, value, kinds in _keyed_kinds(metadata):
         codes.extend(_key_kind_codes(key, kinds))
+        if kinds is _UPPER_STR_KINDS:
+            lower[key] = value.lower()
         if kinds is not None and key in _MASKED_KEYS:
             masked[key] = list(value) if type(value) is tuple else value
     fields: Dict[str, Any] = {KINDS_FIELD: codes}
