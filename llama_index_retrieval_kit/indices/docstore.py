@@ -157,10 +157,10 @@ class FragmentCachingKVStore(SimpleKVStore):
             if not isinstance(entries, dict):
                 raise ValueError(f"collection {name!r} must be a dict of entries, got {type(entries).__name__}")
             SimpleKVStore.get_all(store, collection=name)  # creates the collection, even an empty one
-            for key, entry in entries.items():
-                if not isinstance(entry, dict):
-                    raise ValueError(f"entry {key!r} of collection {name!r} must be a dict, got {type(entry).__name__}")
-                SimpleKVStore.put(store, key, entry, collection=name)  # the entry itself (a shallow copy)
+            wrong = next((key for key, entry in entries.items() if not isinstance(entry, dict)), None)
+            if wrong is not None:
+                raise ValueError(f"entry {wrong!r} of collection {name!r} must be a dict, got {type(entries[wrong]).__name__}")
+            store.adopt_all(list(entries.items()), collection=name)
         return store
 
     def __getstate__(self) -> dict:
