@@ -10,6 +10,7 @@ from llama_index.core.node_parser.interface import NodeParser
 from llama_index.core.schema import BaseNode, Document, NodeRelationship, RelatedNodeInfo, TextNode
 
 from ..models import DEFAULT_EMBED_MODEL
+from ..retrievers.node_copy import copy_related
 from .metadata import chunk_metadata, excluded_keys
 from .sections import HeadingRules, Section, compile_patterns, detect_headings, headings_from_outline, split_sections
 from .tokenization import BatchTokenSpanFn, batch_token_span_fn
@@ -217,7 +218,8 @@ class SectionAwareNodeParser(NodeParser):
             start_char_idx=start,
             end_char_idx=end,
         )
-        node.relationships[NodeRelationship.SOURCE] = source.model_copy() if source else doc.as_related_node_info()
+        # The chunk's own copy (metadata at every depth): changing the document later leaves it alone.
+        node.relationships[NodeRelationship.SOURCE] = copy_related(source if source else doc.as_related_node_info())
         return node
 
     def iter_documents(self, nodes: Sequence[BaseNode], show_progress: bool) -> Any:

@@ -415,11 +415,9 @@ def persisted_node_json(node: BaseNode) -> bytes:
 
     Cached per node object by :meth:`BM25Retriever.persist`: a snapshot's nodes are the index's
     own copies, never changed in place (updates build new snapshots around new copies; readers
-    get copies). Those copies (``copy_node``) have their own metadata, relationships dict,
-    excluded-key lists and embedding list; they share only the ``RelatedNodeInfo`` objects in
-    ``relationships`` with the node the caller inserted and with the copies retrieval hands
-    out: a caller changing one of those in place changes the indexed node in memory, and
-    nodes.json keeps it as first saved.
+    get copies). Those copies (``copy_node``) share nothing mutable with the node the caller
+    inserted or with the copies retrieval hands out (metadata, relationships and their
+    metadata, excluded-key lists, embedding), so the cached entry stays the node's.
     """
     return json.dumps(doc_to_json(node), ensure_ascii=False).encode("utf-8")
 

@@ -5,6 +5,7 @@ parser with LlamaIndex's AutoMergingRetriever."""
 from __future__ import annotations
 
 import asyncio
+import copy
 import math
 from pathlib import Path
 
@@ -218,3 +219,31 @@ def test_qdrant_hybrid_orders_ties_by_point_id_the_same_on_every_call(index: Hyb
         assert keys == sorted(keys)
         ties += sum(a[0] == b[0] for a, b in zip(keys, keys[1:]))
     assert ties or "fusion" in options  # RRF with k=1 ties on these questions: the rule was exercised
+
+
+def _scramble_relationships(results) -> None:
+    """Change, in place, every relationship a result carries: its id, hash and metadata."""
+    for r in results:
+        for info in r.node.relationships.values():
+            for one in info if isinstance(info, list) else [info]:
+                one.node_id = "changed"
+                one.hash = "changed"
+                one.metadata["injected"] = "changed"
+
+
+@pytest.mark.parametrize("mode", RETRIEVER_MODES)
+def test_changing_a_results_relationships_in_place_changes_neither_the_index_nor_later_results(
+    index: HybridIndex, bundles, mode: str
+) -> None:
+    """Results share no RelatedNodeInfo with the index: a postprocessor that edits one (its id,
+    hash or metadata) leaves the index, later queries and what the index saves as they were."""
+    retriever = index.as_retriever(mode, similarity_top_k=8)
+    first = retriever.retrieve(bundles[0])
+    want = copy.deepcopy(_as_compared(first))  # what the results were, not the objects about to change
+    assert first and all(r.node.relationships for r in first)
+    assert any(info.metadata for r in first for info in r.node.relationships.values() if not isinstance(info, list))
+    _scramble_relationships(first)
+    assert _as_compared(retriever.retrieve(bundles[0])) == want
+    stored = index.docstore.get_node(first[0].node.node_id)
+    assert "changed" not in {info.node_id for info in stored.relationships.values() if not isinstance(info, list)}
+

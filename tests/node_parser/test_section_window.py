@@ -107,8 +107,17 @@ def test_pdf_chunks_carry_pages(sample_pdf) -> None:
 def test_documents_are_not_mutated(parser: SectionWindowNodeParser) -> None:
     doc = Document(text=sample_files()[2].read_text(), id_="policy", metadata={"doc_id": "policy", "page_starts": [0]})
     before = copy.deepcopy(doc.to_dict())
-    parser.get_nodes_from_documents([doc])
+    nodes = parser.get_nodes_from_documents([doc])
     assert doc.to_dict() == before
+    # and the chunks share nothing with it: changing the document afterwards leaves them alone
+    chunks_before = [n.to_dict() for n in nodes]
+    doc.metadata["page_starts"].append(99)
+    doc.metadata["doc_id"] = "changed"
+    assert [n.to_dict() for n in nodes] == chunks_before
+    # each chunk has its own copy of its source relationship
+    assert nodes[0].relationships[NodeRelationship.SOURCE].metadata["page_starts"] == [0]
+    nodes[0].relationships[NodeRelationship.SOURCE].metadata["page_starts"].append(7)
+    assert all(n.relationships[NodeRelationship.SOURCE].metadata["page_starts"] == [0] for n in nodes[1:])
 
 
 def test_contextual_header_changes_embedding_text_only() -> None:

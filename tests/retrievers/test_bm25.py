@@ -419,6 +419,31 @@ def test_caller_nodes_are_never_mutated_or_shared(corpus: List[TextNode], tmp_pa
     assert again[0].node.text.startswith("Interest") and again[0].node.metadata["lang"] == "en"
 
 
+def test_relationships_are_shared_with_neither_the_caller_nor_the_results() -> None:
+    from llama_index.core.schema import NodeRelationship, RelatedNodeInfo
+
+    source = RelatedNodeInfo(node_id="doc-z", metadata={"file_name": "z.txt", "tags": ["a"]}, hash="h1")
+    children = [RelatedNodeInfo(node_id="c1", metadata={"page": 1})]
+    node = chunk("z-0", "zeppelin hangar maintenance", "doc-z")
+    node.relationships[NodeRelationship.SOURCE] = source
+    node.relationships[NodeRelationship.CHILD] = children
+    bm25 = BM25Retriever.from_nodes([node, chunk("y-0", "unrelated text about fees", "doc-y")], similarity_top_k=2)
+    want = bm25.retrieve("zeppelin")[0].node.to_dict()
+    # the caller changes the relationships it inserted, in place
+    source.node_id, source.hash = "changed", "changed"
+    source.metadata["file_name"] = "changed.txt"
+    source.metadata["tags"].append("b")
+    children[0].metadata["page"] = 9
+    children.append(RelatedNodeInfo(node_id="c2"))
+    assert bm25.retrieve("zeppelin")[0].node.to_dict() == want
+    # a result's relationships changed in place
+    result = bm25.retrieve("zeppelin")[0].node
+    result.relationships[NodeRelationship.SOURCE].metadata["tags"].append("c")
+    result.relationships[NodeRelationship.SOURCE].node_id = "changed"
+    result.relationships[NodeRelationship.CHILD][0].metadata["page"] = 7
+    assert bm25.retrieve("zeppelin")[0].node.to_dict() == want
+
+
 # ----- query input ---------------------------------------------------------------------------------
 
 

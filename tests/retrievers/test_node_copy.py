@@ -40,7 +40,8 @@ def test_copy_is_equal_and_shares_no_container(metadata: dict) -> None:
 @given(metadata=metadata_st)
 def test_changing_a_node_copy_leaves_the_node_alone(metadata: dict) -> None:
     node = TextNode(id_="n1", text="original text", metadata=metadata)
-    node.relationships[NodeRelationship.SOURCE] = RelatedNodeInfo(node_id="doc-1")
+    node.relationships[NodeRelationship.SOURCE] = RelatedNodeInfo(node_id="doc-1", metadata=metadata, hash="h")
+    node.relationships[NodeRelationship.CHILD] = [RelatedNodeInfo(node_id="c-1", metadata=metadata)]
     before = node.to_dict()
     copied = copy_node(node)
     assert copied is not node and type(copied) is type(node)
@@ -48,6 +49,17 @@ def test_changing_a_node_copy_leaves_the_node_alone(metadata: dict) -> None:
     assert "metadata" in copied.__pydantic_fields_set__
     copied.text = "changed"
     copied.metadata["added"] = 1
+    source = copied.relationships[NodeRelationship.SOURCE]
+    assert type(source) is RelatedNodeInfo and source.__pydantic_fields_set__ == node.relationships[NodeRelationship.SOURCE].__pydantic_fields_set__
+    source.node_id, source.hash = "changed", "changed"
+    source.metadata["added"] = 1
+    for container in _containers(source.metadata)[1:] + _containers(copied.relationships[NodeRelationship.CHILD][0].metadata)[1:]:
+        if isinstance(container, list):
+            container.append("x")
+        else:
+            container["x"] = "x"
+    copied.relationships[NodeRelationship.CHILD][0].node_id = "changed"
+    copied.relationships[NodeRelationship.CHILD].append(RelatedNodeInfo(node_id="c-2"))
     copied.relationships[NodeRelationship.NEXT] = RelatedNodeInfo(node_id="n2")
     del copied.relationships[NodeRelationship.SOURCE]
     copied.excluded_embed_metadata_keys.append("added")
