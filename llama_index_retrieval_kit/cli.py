@@ -409,19 +409,44 @@ def _open_or_read_only(open_index: Callable[[bool], Any], storage: Path, engine_
     return index
 
 
+def _query_embed_model_of(storage: Path) -> Any:
+    """The query embedder for the folder's model (:func:`models.query_embed_model`: without
+    PyTorch when an earlier query recorded a checked export), or None to let ``HybridIndex.load``
+    choose (a model other than the default, or a folder it will explain is damaged)."""
+    from .indices.manifest import IndexManifest
+    from .indices.storage import MANIFEST
+    from .models import DEFAULT_EMBED_MODEL, query_embed_model
+
+    try:
+        built_with = IndexManifest.read(Path(storage) / MANIFEST, storage_dir=storage).embed_model
+    except Exception:  # HybridIndex.load reads it again and says what is wrong
+        return None
+    return query_embed_model() if built_with == DEFAULT_EMBED_MODEL else None
+
+
 def _open_for_query(storage: Path, mode: str) -> Any:
-    """The index folder ``storage`` for a command that only reads it (:func:`_open_or_read_only`)."""
+    """The index folder ``storage`` for a command that only reads it (:func:`_open_or_read_only`),
+    with the query embedder of :func:`_query_embed_model_of`."""
     from .indices import HybridIndex
 
-    return _open_or_read_only(lambda read_only: HybridIndex.load(storage, read_only=read_only), storage, mode == "qdrant_hybrid")
+    embed_model = _query_embed_model_of(storage)
+    return _open_or_read_only(
+        lambda read_only: HybridIndex.load(storage, read_only=read_only, embed_model=embed_model), storage, mode == "qdrant_hybrid"
+    )
 
 
 def _open_config_index_for_reading(config: PipelineConfig) -> Any:
-    """``pipeline.open_index(config)`` for a command that only reads it (:func:`_open_or_read_only`)."""
+    """``pipeline.open_index(config)`` for a command that only reads it (:func:`_open_or_read_only`),
+    with the config's model as a query embedder (:func:`models.query_embed_model`)."""
+    from .models import query_embed_model
     from .pipeline import open_index
 
+    e = config.embedding
+    embed_model = query_embed_model(e.model, query_backend=e.query_backend, embed_batch_size=e.embed_batch_size)
     engine_side = config.retriever.mode == "qdrant_hybrid" or config.retriever.dense_search == "qdrant"
-    return _open_or_read_only(lambda read_only: open_index(config, read_only=read_only), config.storage_dir, engine_side)
+    return _open_or_read_only(
+        lambda read_only: open_index(config, embed_model=embed_model, read_only=read_only), config.storage_dir, engine_side
+    )
 
 
 def cmd_query(args: argparse.Namespace) -> int:

@@ -82,6 +82,25 @@ def default_embed_model(model_name: str = DEFAULT_EMBED_MODEL, **kwargs: Any) ->
     return FastHuggingFaceEmbedding(model_name=path, **kwargs)
 
 
+def query_embed_model(model_name: str = DEFAULT_EMBED_MODEL, query_backend: str = "onnx", **kwargs: Any) -> Any:
+    """For a process that mostly embeds queries (``rkit query``): the torch-free
+    ``OnnxQueryEmbedding`` of ``model_name`` when a checked query export record exists for it
+    (written by an earlier ``FastHuggingFaceEmbedding`` query, see ``embeddings.query_export``),
+    else :func:`default_embed_model` with the same arguments. Same vectors either way; saves
+    importing PyTorch and sentence-transformers (about 5 s here) until a document is embedded.
+
+    ``kwargs``: those of :func:`default_embed_model`; only ``embed_batch_size`` keeps the
+    torch-free path (any other setting loads the model as given).
+    """
+    if query_backend == "onnx" and set(kwargs) <= {"embed_batch_size"}:
+        from .embeddings.query_export import OnnxQueryEmbedding
+
+        fast = OnnxQueryEmbedding.from_export(resolve_model_path(model_name), embed_batch_size=kwargs.get("embed_batch_size", 16))
+        if fast is not None:
+            return fast
+    return default_embed_model(model_name, query_backend=query_backend, **kwargs)
+
+
 def is_packaged_minilm_path(name: str) -> bool:
     """Whether ``name`` is a folder of the packaged MiniLM (this install's or a moved one's)."""
     local = packaged_minilm_path()
@@ -98,7 +117,7 @@ def embed_model_name(embed_model: Any) -> str:
 
 
 # Classes that compute identical document vectors for the same model name.
-_SAME_VECTORS = {"FastHuggingFaceEmbedding": "HuggingFaceEmbedding"}
+_SAME_VECTORS = {"FastHuggingFaceEmbedding": "HuggingFaceEmbedding", "OnnxQueryEmbedding": "HuggingFaceEmbedding"}
 
 
 def embedding_family(embed_model: Any) -> str:

@@ -216,3 +216,37 @@ def test_index_hnsw_runs_the_engine_optimisers(storage: Path, tmp_path: Path) ->
     assert "'hnsw': 'optimised'" in out or "'hnsw': 'up to date'" in out  # the samples are below Edge's HNSW threshold
     code, again = _run("index", *map(str, sample_files()), "--storage", str(copy), "--hnsw")
     assert code == EXIT_OK and "'hnsw': 'up to date'" in again, again
+
+
+_QUERY_PROCESS = """
+import json, sys
+from llama_index_retrieval_kit.cli import main
+code = main(["-q", "query", sys.argv[1], "--storage", sys.argv[2], "-k", "5", "--json"])
+sys.stderr.write("loaded:" + ",".join(m for m in ("torch", "sentence_transformers", "transformers") if m in sys.modules) + "\\n")
+sys.exit(code)
+"""
+
+
+def test_a_query_process_with_a_recorded_export_answers_without_torch(storage: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Once a query has checked the ONNX path (here: one FastHuggingFaceEmbedding query), later
+    ``rkit query`` processes embed queries without importing PyTorch, with the same results."""
+    import os
+    import subprocess
+    import sys
+
+    from llama_index_retrieval_kit.embeddings import FastHuggingFaceEmbedding
+    from llama_index_retrieval_kit.models import DEFAULT_EMBED_MODEL, resolve_model_path
+
+    cache = tmp_path / "cache"
+    writer = FastHuggingFaceEmbedding(model_name=resolve_model_path(DEFAULT_EMBED_MODEL), onnx_cache_dir=str(cache), onnx_speed_check=False)
+    assert writer.onnx_active and list(cache.rglob("record.json"))
+    want = _query_json(capsys, ANSWERABLE_QUESTION, "--storage", str(storage), "-k", "5")
+    out = subprocess.run(
+        [sys.executable, "-c", _QUERY_PROCESS, ANSWERABLE_QUESTION, str(storage)],
+        env={**os.environ, "RKIT_CACHE_DIR": str(cache)}, capture_output=True, text=True, timeout=600,
+    )
+    assert out.returncode == EXIT_OK, out.stderr
+    assert out.stderr.strip().splitlines()[-1] == "loaded:"
+    got = json.loads(out.stdout)
+    assert [r["node_id"] for r in got["results"]] == [r["node_id"] for r in want["results"]]
+    assert [r["score"] for r in got["results"]] == pytest.approx([r["score"] for r in want["results"]], abs=1e-5)

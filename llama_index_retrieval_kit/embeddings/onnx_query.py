@@ -30,7 +30,6 @@ import hashlib
 import inspect
 import logging
 import os
-import sys
 import tempfile
 import statistics
 import threading
@@ -44,36 +43,31 @@ from llama_index.embeddings.huggingface import HuggingFaceEmbedding
 from pydantic import Field, PrivateAttr
 
 from .._extras import MissingExtraError, require_extra
+from .onnx_runtime import (  # noqa: F401  (re-exported: their home before onnx_runtime)
+    CACHE_ENV,
+    DEFAULT_ONNX_SPIN_US,
+    ONNX_MODULES,
+    ORT_TELEMETRY_ENV,
+    default_cache_dir,
+    import_onnxruntime,
+    onnx_session_options,
+    pool,
+)
 from ..retrievers.checks import check_query_text
+from .query_export import PROBES
 
 logger = logging.getLogger(__name__)
 
-CACHE_ENV = "RKIT_CACHE_DIR"
-#: What the ONNX paths (query embedder, ``CrossEncoderReranker(onnx=True)``) import: the ``onnx`` extra.
-ONNX_MODULES = ("onnxruntime", "onnx")
-#: Read by ONNX Runtime when it is imported: "1" keeps it from writing telemetry files ("0" lets it).
-ORT_TELEMETRY_ENV = "ORT_DISABLE_TELEMETRY"
-_PROBES = (
-    "What is the annual fee?",
-    "0-dimensional biomaterials show inductive properties.",
-    "How do I reset the device to factory settings after a firmware update fails?",
-)
-
-
-def default_cache_dir() -> Path:
-    """Where exported ONNX models live: ``$RKIT_CACHE_DIR`` or ``~/.cache/llama_index_retrieval_kit``."""
-    env = os.environ.get(CACHE_ENV)
-    return Path(env) if env else Path.home() / ".cache" / "llama_index_retrieval_kit"
-
-
-def import_onnxruntime() -> Any:
-    """``onnxruntime``, imported with its telemetry off (see the module doc); ImportError if absent."""
-    if "onnxruntime" not in sys.modules:
-        os.environ.setdefault(ORT_TELEMETRY_ENV, "1")
-    import onnxruntime
-
-    onnxruntime.disable_telemetry_events()
-    return onnxruntime
+#: Texts the export is traced on (shapes only: the axes are dynamic).
+_EXPORT_SAMPLE = PROBES[:3]
+#: What a FastHuggingFaceEmbedding may be given without changing how a query is embedded, besides
+#: the settings a query export record is keyed by (``_QUERY_SETTINGS``); anything else (model
+#: keyword arguments for sentence-transformers) means no record is written.
+_QUERY_NEUTRAL_ARGS = frozenset({
+    "model_name", "text_instruction", "embed_batch_size", "cache_folder", "device", "callback_manager",
+    "show_progress_bar", "num_workers", "embeddings_cache", "parallel_process", "target_devices",
+})
+_QUERY_SETTINGS = ("normalize", "query_instruction", "max_length")
 
 
 def weights_fingerprint(module: Any, extra: str = "") -> str:
@@ -84,16 +78,6 @@ def weights_fingerprint(module: Any, extra: str = "") -> str:
         digest.update(str(tuple(tensor.shape)).encode())
         digest.update(np.ascontiguousarray(tensor.detach().cpu().float().numpy()).tobytes())
     return digest.hexdigest()[:20]
-
-
-def pool(hidden: np.ndarray, attention_mask: np.ndarray, mode: str) -> np.ndarray:
-    """Sentence-transformers pooling of token states ``(batch, tokens, dim)`` -> ``(batch, dim)``."""
-    if mode == "cls":
-        return hidden[:, 0]
-    if mode == "mean":
-        mask = attention_mask[..., None].astype(hidden.dtype)
-        return (hidden * mask).sum(axis=1) / np.clip(mask.sum(axis=1), 1e-9, None)
-    raise ValueError(f"pooling mode {mode!r} has no ONNX path; supported: 'mean', 'cls'")
 
 
 def export_model_output(
@@ -177,39 +161,6 @@ def _fuse_transformer_ops(onnx_path: str, config: Any) -> None:
         logger.info("ONNX Runtime fusion skipped (%s: %s); using the plain export", type(exc).__name__, exc)
 
 
-#: How long (µs) an idle ONNX Runtime worker thread spins for the next operator of a query before
-#: it sleeps. Measured on two cores (benchmarks/busy_neighbour.py): 5-10 µs is as fast on an idle
-#: machine as ONNX Runtime's own spin count (within 3%); with another process keeping one core
-#: busy, that spin count (and 20 µs or more) made some rounds of queries 2-4x slower, 10 µs rarely.
-DEFAULT_ONNX_SPIN_US = 10
-
-
-def onnx_session_options(ort: Any, threads: int, spin_us: Optional[int]) -> Any:
-    """ONNX Runtime ``SessionOptions`` of the query path: all graph optimisations, ``threads``
-    intra-op threads (0: one per physical core, pinned by ONNX Runtime), inter-op threads never spin.
-
-    Intra-op worker threads between the operators of one run: ``spin_us=None`` spins ONNX
-    Runtime's own number of times, ``0`` sleeps at once (``session.intra_op.allow_spinning=0``),
-    ``n > 0`` spins at most ``n`` µs, then sleeps (``session.intra_op.spin_duration_us``; an ONNX
-    Runtime too old to know that key ignores it and spins its own number of times). Spinning
-    saves waking a sleeping thread for each of the graph's ~40 parallel operators (about 1 ms per
-    query here), but a thread that spins long counts as busy to the OS scheduler, which then
-    makes it share a core with a busy neighbour process in whole time slices. In every case the
-    threads stop spinning when the run returns (``session.force_spinning_stop``), so they never
-    take the cores from what runs next.
-    """
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.intra_op_num_threads = threads
-    options.log_severity_level = 3
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0" if spin_us == 0 else "1")
-    if spin_us:
-        options.add_session_config_entry("session.intra_op.spin_duration_us", str(int(spin_us)))
-    options.add_session_config_entry("session.force_spinning_stop", "1")
-    options.add_session_config_entry("session.inter_op.allow_spinning", "0")
-    return options
-
-
 class _NotFaster(str):
     """Why the ONNX path is off when the reason is only speed (an expected outcome: logged at INFO)."""
 
@@ -252,6 +203,8 @@ class FastHuggingFaceEmbedding(HuggingFaceEmbedding):
     _input_names: List[str] = PrivateAttr(default_factory=list)
     _pooling: str = PrivateAttr(default="mean")
     _normalize_output: bool = PrivateAttr(default=False)
+    # The settings a query export record is keyed by, or None when this embedder has others.
+    _export_settings: Optional[Dict[str, Any]] = PrivateAttr(default=None)
 
     def __init__(
         self,
@@ -277,7 +230,13 @@ class FastHuggingFaceEmbedding(HuggingFaceEmbedding):
         # HuggingFaceEmbedding hands unknown keyword arguments to SentenceTransformer: set ours, and
         # the BaseEmbedding fields its __init__ does not take (they come back from to_dict), after.
         base_fields = {k: kwargs.pop(k) for k in ("num_workers", "embeddings_cache") if k in kwargs}
+        given = set(kwargs) | ({"model_name"} if args else set())
+        export_settings = None
+        if len(args) <= 1 and given <= _QUERY_NEUTRAL_ARGS | set(_QUERY_SETTINGS):
+            export_settings = {"normalize": kwargs.get("normalize", True), "query_instruction": kwargs.get("query_instruction"),
+                               "max_length": kwargs.get("max_length")}
         super().__init__(*args, **kwargs)
+        self._export_settings = export_settings
         for name, value in base_fields.items():
             setattr(self, name, value)
         self.query_backend = query_backend
@@ -369,7 +328,7 @@ class FastHuggingFaceEmbedding(HuggingFaceEmbedding):
         auto_model = modules[0].auto_model
         self._pooling = pooling["pooling_mode"]
         self._normalize_output = "Normalize" in names[2:]
-        sample = self._tokenize(list(_PROBES))
+        sample = self._tokenize(list(_EXPORT_SAMPLE))
         forward_params = set(inspect.signature(auto_model.forward).parameters)
         self._input_names = [n for n in ("input_ids", "attention_mask", "token_type_ids") if n in sample and n in forward_params]
 
@@ -385,8 +344,8 @@ class FastHuggingFaceEmbedding(HuggingFaceEmbedding):
         options = onnx_session_options(ort, self.onnx_threads, self.onnx_spin_us)
         self._session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         # Check against PyTorch (batched there), one text at a time here: the way queries arrive.
-        expected = np.asarray(super()._embed(list(_PROBES), prompt_name="query"), dtype=np.float32)
-        got = np.vstack([self._onnx_embed([t], prompt_name="query") for t in _PROBES])
+        expected = np.asarray(super()._embed(list(PROBES), prompt_name="query"), dtype=np.float32)
+        got = np.vstack([self._onnx_embed([t], prompt_name="query") for t in PROBES])
         worst = float(np.abs(got - expected).max())
         if not worst <= self.onnx_tolerance:
             self._session = None
@@ -398,11 +357,45 @@ class FastHuggingFaceEmbedding(HuggingFaceEmbedding):
                 return _NotFaster(f"ONNX Runtime is not faster here ({onnx_ms:.1f} vs {torch_ms:.1f} ms per query in PyTorch)")
             logger.info("%s: ONNX query path %.1f ms vs PyTorch %.1f ms per query", self.model_name, onnx_ms, torch_ms)
         logger.debug("ONNX query path ready for %s (max |diff| %.1e)", self.model_name, worst)
+        self._record_query_export(path, expected)
         return None
+
+    def _record_query_export(self, onnx_path: Path, probe_vectors: np.ndarray) -> None:
+        """Write the query export record of this model and settings (see ``query_export``), so that
+        a later process can embed queries without PyTorch; never fails the query path."""
+        folder = Path(self.model_name)
+        if self._export_settings is None or not folder.is_dir():
+            return
+        from . import query_export as qe
+
+        try:
+            record = qe.QueryExportRecord(
+                format=qe.QUERY_EXPORT_FORMAT,
+                model_folder=str(folder.resolve()),
+                files_fingerprint=qe.model_files_fingerprint(folder),
+                versions=qe.installed_versions(),
+                onnx_path=str(onnx_path.resolve()),
+                input_names=list(self._input_names),
+                query_prompt=(self._model.prompts or {}).get("query", "") or "",
+                do_lower_case=bool(getattr(self._model[0], "do_lower_case", False)),
+                max_seq_length=int(self._model.max_seq_length),
+                truncation_side=getattr(self._model.tokenizer, "truncation_side", "right") or "right",
+                pooling=self._pooling,
+                normalize=bool(self._normalize_output or self.normalize),
+                probes=list(PROBES),
+                probe_vectors=probe_vectors.tolist(),
+                tolerance=self.onnx_tolerance,
+            )
+            key = qe.export_settings_key(folder, **self._export_settings)
+            why = qe.write_query_export(qe.record_folder(self.onnx_cache_dir, key), record, self._model.tokenizer.backend_tokenizer.to_str())
+        except Exception as exc:  # an optimisation for later processes: never a failure here
+            why = f"{type(exc).__name__}: {exc}"
+        if why:
+            logger.info("no torch-free query path recorded for %s: %s", self.model_name, why)
 
     def time_query_backends(self, rounds: int = 7) -> tuple:
         """Median ms of one short query in ONNX Runtime and in PyTorch, interleaved (same load)."""
-        text = _PROBES[0]
+        text = PROBES[0]
         onnx_times, torch_times = [], []
         self._onnx_embed([text], prompt_name="query")  # warm both
         super()._embed([text], prompt_name="query")
