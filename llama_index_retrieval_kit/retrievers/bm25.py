@@ -38,6 +38,7 @@ from llama_index.core.storage.docstore.utils import doc_to_json, json_to_doc
 from llama_index.core.vector_stores.types import MetadataFilters
 
 from .._json_fragments import FragmentCache
+from .bm25_counts import VECTORISED_METHODS, TermCounts, count_terms, counted_index, updated_counts
 from .checks import check_positive_int, check_query_text, checked_query
 from .filters import filter_mask, validate_filters
 from .node_copy import copy_node
@@ -296,6 +297,19 @@ class BM25Snapshot:
     tie_order: np.ndarray  # position of each node id in sorted order (deterministic ties)
     tokens: Optional[PackedTokens]  # per node; None after loading an index saved without tokens
     node_ids: Tuple[str, ...]  # nodes[i].node_id, read once per snapshot (traces name candidates by position)
+    # Term frequencies aligned with bm25's matrix (bm25_counts), kept so an update counts only
+    # new tokens; None for bm25s's own methods, and after loading (counted on the first update).
+    counts: Optional[TermCounts] = None
+    # nodes[i].ref_doc_id (updates select the nodes to keep by id and ref doc id without reading
+    # every node's relationships); None: read from the nodes when first needed.
+    ref_doc_ids: Optional[Tuple[Optional[str], ...]] = None
+
+    def node_refs(self) -> Tuple[Tuple[str, ...], Tuple[Optional[str], ...]]:
+        """Each node's id and ref doc id, in order."""
+        refs = self.ref_doc_ids
+        if refs is None:
+            refs = tuple(node.ref_doc_id for node in self.nodes)
+        return self.node_ids, refs
 
 
 class _SharedIndex:
@@ -316,17 +330,40 @@ class BM25Params:
     method: str
 
 
-def build_snapshot(nodes: Sequence[BaseNode], tokens: Sequence[Sequence[str]], params: BM25Params) -> BM25Snapshot:
-    """Index ``nodes`` (already tokenized as ``tokens``) with bm25s."""
+def build_snapshot(
+    nodes: Sequence[BaseNode],
+    tokens: Sequence[Sequence[str]],
+    params: BM25Params,
+    counts: Optional[TermCounts] = None,
+    ref_doc_ids: Optional[Sequence[Optional[str]]] = None,
+) -> BM25Snapshot:
+    """Index ``nodes`` (already tokenized as ``tokens``) with bm25s.
+
+    For the :data:`~.bm25_counts.VECTORISED_METHODS` the matrix is built from term counts in
+    arrays (``counts``, the tokens' own when given, e.g. updated from the previous snapshot's by
+    :func:`~.bm25_counts.updated_counts`; else counted here): the same matrix bm25s builds.
+    ``ref_doc_ids``: each node's ``ref_doc_id`` when the caller has them (else read when needed).
+    """
     packed = PackedTokens.pack(tokens)
     bm25: Optional[bm25s.BM25] = None
+    nodes = tuple(nodes)
+    if params.method in VECTORISED_METHODS:
+        if counts is None:
+            counts = count_terms(packed.ids, packed.offsets)
+        elif counts.n_docs != len(packed):
+            raise ValueError(f"term counts of {counts.n_docs} documents for {len(packed)} token lists")
+        bm25 = counted_index(counts, packed.vocab, params.k1, params.b, params.method)
+        node_ids = _node_ids(nodes)
+        return BM25Snapshot(nodes=nodes, bm25=bm25, tie_order=_tie_order(node_ids), tokens=packed, node_ids=node_ids, counts=counts,
+                            ref_doc_ids=None if ref_doc_ids is None else tuple(ref_doc_ids))
     if len(packed.ids):
         bm25 = bm25s.BM25(k1=params.k1, b=params.b, method=params.method, backend="numpy")
         # create_empty_token=False: bm25s would otherwise add a "" term that is not in its score
         # matrix (and crash on an all-empty corpus).
         bm25.index(packed.bm25s_corpus(), create_empty_token=False, show_progress=False)
-    nodes = tuple(nodes)
-    return BM25Snapshot(nodes=nodes, bm25=bm25, tie_order=_tie_order(nodes), tokens=packed, node_ids=_node_ids(nodes))
+    node_ids = _node_ids(nodes)
+    return BM25Snapshot(nodes=nodes, bm25=bm25, tie_order=_tie_order(node_ids), tokens=packed, node_ids=node_ids,
+                        ref_doc_ids=None if ref_doc_ids is None else tuple(ref_doc_ids))
 
 
 def _node_ids(nodes: Sequence[BaseNode]) -> Tuple[str, ...]:
@@ -334,9 +371,10 @@ def _node_ids(nodes: Sequence[BaseNode]) -> Tuple[str, ...]:
     return tuple(node.node_id for node in nodes)
 
 
-def _tie_order(nodes: Sequence[BaseNode]) -> np.ndarray:
-    order = np.empty(len(nodes), dtype=np.int64)
-    order[sorted(range(len(nodes)), key=lambda i: nodes[i].node_id)] = np.arange(len(nodes))
+def _tie_order(node_ids: Sequence[str]) -> np.ndarray:
+    """Each node's position in node-id order (ties in a ranking are broken by node id)."""
+    order = np.empty(len(node_ids), dtype=np.int64)
+    order[sorted(range(len(node_ids)), key=node_ids.__getitem__)] = np.arange(len(node_ids))
     return order
 
 
@@ -447,10 +485,13 @@ class BM25Retriever(BaseRetriever):
     Nodes are copied on insert (metadata deep-copied) and every result carries a fresh copy, so
     neither the caller's nodes nor downstream postprocessors can change what the index holds.
 
-    Updates (:meth:`insert_nodes`, :meth:`delete_ref_doc`, :meth:`delete_nodes`) rebuild the bm25s
-    index from the kept nodes: cost O(corpus tokens) per call (tokens are kept, and persisted with
-    the index, so only new text is tokenized; an index saved before tokens were persisted
-    re-tokenizes its nodes once, on the first update after :meth:`load`). Batch your updates. Writers are serialised; queries see either the old or the new index, never a mix.
+    Updates (:meth:`insert_nodes`, :meth:`delete_ref_doc`, :meth:`delete_nodes`) make a new bm25s
+    index of the kept nodes plus the new ones. Tokens are kept (and persisted with the index), so
+    only new text is tokenized; for ``lucene``, ``robertson`` and ``atire`` the term counts are
+    kept too, so only new tokens are counted and the matrix (the one bm25s builds, bit for bit:
+    :mod:`.bm25_counts`) is recomputed in numpy, O(matrix entries) per call; ``bm25l`` / ``bm25+``
+    are rebuilt by bm25s, O(corpus tokens) in Python. An index saved before tokens were persisted
+    re-tokenizes its nodes once, on the first update after :meth:`load`. Batch your updates. Writers are serialised; queries see either the old or the new index, never a mix.
 
     Example:
         >>> bm25 = BM25Retriever.from_nodes(nodes, tokenizer_config=BM25TokenizerConfig(stemmer_language=None))
@@ -626,27 +667,29 @@ class BM25Retriever(BaseRetriever):
         new_ids = {n.node_id for n in incoming}
         new_refs = {n.ref_doc_id for n in incoming if n.ref_doc_id is not None}
         self._rebuild(
-            lambda n: n.node_id not in new_ids and (n.ref_doc_id is None or n.ref_doc_id not in new_refs),
+            lambda node_id, ref: node_id not in new_ids and (ref is None or ref not in new_refs),
             incoming,
             tokens,
         )
 
     def delete_ref_doc(self, ref_doc_id: str) -> int:
         """Remove every node whose ref doc id is ``ref_doc_id``; returns how many were removed."""
-        return self._rebuild(lambda n: n.ref_doc_id != ref_doc_id, [])
+        return self._rebuild(lambda node_id, ref: ref != ref_doc_id, [])
 
     def delete_nodes(self, node_ids: Sequence[str]) -> int:
         """Remove the nodes with these node ids; returns how many were removed."""
         drop = set(node_ids)
-        return self._rebuild(lambda n: n.node_id not in drop, [])
+        return self._rebuild(lambda node_id, ref: node_id not in drop, [])
 
     def _rebuild(
-        self, keep: Callable[[BaseNode], bool], incoming: List[BaseNode], incoming_tokens: Optional[List[List[str]]] = None
+        self, keep: Callable[[str, Optional[str]], bool], incoming: List[BaseNode], incoming_tokens: Optional[List[List[str]]] = None
     ) -> int:
-        """Swap in a snapshot of the kept nodes plus ``incoming``; returns the number removed."""
+        """Swap in a snapshot of the nodes that ``keep(node_id, ref_doc_id)`` keeps plus ``incoming``;
+        returns the number removed."""
         with self._shared.lock:
             old = self._shared.snapshot
-            kept = [i for i, n in enumerate(old.nodes) if keep(n)]
+            node_ids, refs = old.node_refs()
+            kept = [i for i, (node_id, ref) in enumerate(zip(node_ids, refs)) if keep(node_id, ref)]
             removed = len(old.nodes) - len(kept)
             if removed == 0 and not incoming:
                 return 0
@@ -657,7 +700,12 @@ class BM25Retriever(BaseRetriever):
             if incoming_tokens is None:
                 incoming_tokens = [self._tokens_of(n) for n in incoming]
             tokens = old_tokens.select(kept).extend(incoming_tokens)
-            self._shared.snapshot = build_snapshot(nodes, tokens, self._params)
+            counts = None
+            if old.counts is not None:  # count only the new tokens (same matrix as counting all)
+                start = int(tokens.offsets[len(kept)])
+                counts = updated_counts(old.counts, kept, tokens.ids[start:], tokens.offsets[len(kept):] - start)
+            kept_refs = [refs[i] for i in kept] + [n.ref_doc_id for n in incoming]
+            self._shared.snapshot = build_snapshot(nodes, tokens, self._params, counts, kept_refs)
         logger.info("bm25 index rebuilt: %d removed, %d added, %d nodes", removed, len(incoming), len(nodes))
         return removed
 
@@ -790,8 +838,9 @@ class BM25Retriever(BaseRetriever):
             if len(tokens) != len(nodes):
                 raise ValueError(f"{folder}: {_TOKEN_IDS_FILE} holds tokens of {len(tokens)} nodes, expected {len(nodes)}")
         nodes = tuple(nodes)
+        node_ids = _node_ids(nodes)
         retriever._shared = _SharedIndex(
-            BM25Snapshot(nodes=nodes, bm25=bm25, tie_order=_tie_order(nodes), tokens=tokens, node_ids=_node_ids(nodes))
+            BM25Snapshot(nodes=nodes, bm25=bm25, tie_order=_tie_order(node_ids), tokens=tokens, node_ids=node_ids)
         )
         logger.info("bm25 index with %d nodes loaded from %s", len(nodes), folder)
         return retriever
