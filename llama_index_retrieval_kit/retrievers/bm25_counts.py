@@ -161,8 +161,10 @@ def bm25s_scores(counts: TermCounts, k1: float, b: float, method: str, dtype: st
     data = (column_idf * tfc).astype(dtype)
     return {
         "data": data,
-        "indices": counts.rows.astype(int_dtype),
-        "indptr": counts.indptr.astype(np.int64),
+        # Shared with the counts, not copied (neither side changes them): the counts then add
+        # only their term frequencies (2 bytes per entry) to what bm25s holds.
+        "indices": counts.rows.astype(int_dtype, copy=False),
+        "indptr": counts.indptr.astype(np.int64, copy=False),
         "num_docs": n_docs,
     }
 
