@@ -329,3 +329,6 @@ class OnnxQueryEmbedding(BaseEmbedding):
     async def _aget_text_embedding(self, text: str) -> List[float]:
         return self._get_text_embedding(text)
 
+    async def _aget_text_embeddings(self, texts: List[str]) -> List[List[float]]:
+        return self._get_text_embeddings(texts)  # one batched pass, as the synchronous path
+
