@@ -203,6 +203,7 @@ def cmd_index(args: argparse.Namespace) -> int:
             if want_hnsw:
                 stats["hnsw"] = "optimised" if index.optimize() else "up to date"
             total = len(index)
+            _prepare_fast_queries(index)
     else:
         if config is not None:
             from .pipeline import index_build_kwargs
@@ -218,6 +219,7 @@ def cmd_index(args: argparse.Namespace) -> int:
             if want_hnsw:
                 stats["hnsw"] = "optimised" if index.optimize() else "up to date"
             total = len(index)
+            _prepare_fast_queries(index)
     _out(f"indexed {stats}; {total} chunks in {storage}")
     if args.push:
         with HybridIndex.load(storage) as index:
@@ -407,6 +409,15 @@ def _open_or_read_only(open_index: Callable[[bool], Any], storage: Path, engine_
     index = open_index(True)
     sys.stderr.write(f"rkit: {storage} is open in another process: answering from its last committed state (read-only)\n")
     return index
+
+
+def _prepare_fast_queries(index: Any) -> None:
+    """While ``rkit index`` has the embedding model loaded: record its torch-free query path
+    (``FastHuggingFaceEmbedding.ensure_query_export``; seconds, once per machine and model), so
+    the first ``rkit query`` already starts without PyTorch."""
+    ensure = getattr(index.embed_model, "ensure_query_export", None)
+    if callable(ensure):
+        ensure()
 
 
 def _query_embed_model_of(storage: Path) -> Any:

@@ -250,3 +250,18 @@ def test_a_query_process_with_a_recorded_export_answers_without_torch(storage: P
     got = json.loads(out.stdout)
     assert [r["node_id"] for r in got["results"]] == [r["node_id"] for r in want["results"]]
     assert [r["score"] for r in got["results"]] == pytest.approx([r["score"] for r in want["results"]], abs=1e-5)
+
+
+def test_rkit_index_prepares_the_torch_free_query_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``rkit index`` records the checked ONNX query path while its model is loaded, so that the
+    first ``rkit query`` already starts without PyTorch."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("RKIT_CACHE_DIR", str(cache))
+    code, out = _run("index", str(sample_files()[0]), "--storage", str(tmp_path / "index"))
+    assert code == EXIT_OK, out
+    records = list(cache.rglob("record.json"))
+    assert len(records) == 1
+    from llama_index_retrieval_kit.embeddings import OnnxQueryEmbedding
+    from llama_index_retrieval_kit.models import query_embed_model
+
+    assert isinstance(query_embed_model(), OnnxQueryEmbedding)

@@ -360,6 +360,23 @@ class FastHuggingFaceEmbedding(HuggingFaceEmbedding):
         self._record_query_export(path, expected)
         return None
 
+    def ensure_query_export(self) -> bool:
+        """Make sure a checked query export record exists for this model and these settings
+        (``embeddings.query_export``), exporting and checking the ONNX query path now when that
+        was never done (once per machine and model: seconds), so that later query-only processes
+        (``rkit query``) embed queries without PyTorch. True when a record exists afterwards;
+        never raises (without one, queries take the regular path)."""
+        folder = Path(self.model_name)
+        if self.query_backend != "onnx" or self._export_settings is None or not folder.is_dir():
+            return False
+        from . import query_export as qe
+
+        record = qe.record_folder(self.onnx_cache_dir, qe.export_settings_key(folder, **self._export_settings)) / qe.RECORD_FILE
+        if not record.is_file():
+            logger.info("preparing the ONNX query path of %s (once): later queries start without PyTorch", self.model_name)
+            self.onnx_active  # noqa: B018 - prepares the path once per process; a passing check writes the record
+        return record.is_file()
+
     def _record_query_export(self, onnx_path: Path, probe_vectors: np.ndarray) -> None:
         """Write the query export record of this model and settings (see ``query_export``), so that
         a later process can embed queries without PyTorch; never fails the query path."""
