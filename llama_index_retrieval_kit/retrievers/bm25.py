@@ -353,17 +353,18 @@ def build_snapshot(
         elif counts.n_docs != len(packed):
             raise ValueError(f"term counts of {counts.n_docs} documents for {len(packed)} token lists")
         bm25 = counted_index(counts, packed.vocab, params.k1, params.b, params.method)
-        node_ids = _node_ids(nodes)
-        return BM25Snapshot(nodes=nodes, bm25=bm25, tie_order=_tie_order(node_ids), tokens=packed, node_ids=node_ids, counts=counts,
-                            ref_doc_ids=None if ref_doc_ids is None else tuple(ref_doc_ids))
-    if len(packed.ids):
+    elif counts is not None:
+        raise ValueError(f"term counts are kept for methods {VECTORISED_METHODS}, not {params.method!r}")
+    elif len(packed.ids):
         bm25 = bm25s.BM25(k1=params.k1, b=params.b, method=params.method, backend="numpy")
         # create_empty_token=False: bm25s would otherwise add a "" term that is not in its score
         # matrix (and crash on an all-empty corpus).
         bm25.index(packed.bm25s_corpus(), create_empty_token=False, show_progress=False)
     node_ids = _node_ids(nodes)
-    return BM25Snapshot(nodes=nodes, bm25=bm25, tie_order=_tie_order(node_ids), tokens=packed, node_ids=node_ids,
-                        ref_doc_ids=None if ref_doc_ids is None else tuple(ref_doc_ids))
+    return BM25Snapshot(
+        nodes=nodes, bm25=bm25, tie_order=_tie_order(node_ids), tokens=packed, node_ids=node_ids, counts=counts,
+        ref_doc_ids=None if ref_doc_ids is None else tuple(ref_doc_ids),
+    )
 
 
 def _node_ids(nodes: Sequence[BaseNode]) -> Tuple[str, ...]:
@@ -491,7 +492,8 @@ class BM25Retriever(BaseRetriever):
     kept too, so only new tokens are counted and the matrix (the one bm25s builds, bit for bit:
     :mod:`.bm25_counts`) is recomputed in numpy, O(matrix entries) per call; ``bm25l`` / ``bm25+``
     are rebuilt by bm25s, O(corpus tokens) in Python. An index saved before tokens were persisted
-    re-tokenizes its nodes once, on the first update after :meth:`load`. Batch your updates. Writers are serialised; queries see either the old or the new index, never a mix.
+    re-tokenizes its nodes once, on the first update after :meth:`load`. Batch your updates.
+    Writers are serialised; queries see either the old or the new index, never a mix.
 
     Example:
         >>> bm25 = BM25Retriever.from_nodes(nodes, tokenizer_config=BM25TokenizerConfig(stemmer_language=None))
