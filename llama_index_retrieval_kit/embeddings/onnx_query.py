@@ -43,6 +43,7 @@ from llama_index.embeddings.huggingface import HuggingFaceEmbedding
 from pydantic import Field, PrivateAttr
 
 from .._extras import MissingExtraError, require_extra
+from ..retrievers.checks import check_query_text
 from .onnx_runtime import (  # noqa: F401  (re-exported: their home before onnx_runtime)
     CACHE_ENV,
     DEFAULT_ONNX_SPIN_US,
@@ -53,7 +54,6 @@ from .onnx_runtime import (  # noqa: F401  (re-exported: their home before onnx_
     onnx_session_options,
     pool,
 )
-from ..retrievers.checks import check_query_text
 from .query_export import PROBES
 
 logger = logging.getLogger(__name__)

@@ -319,13 +319,13 @@ class _SentenceTransformersScorer:
         if weight_bytes > ONNX_MAX_WEIGHT_BYTES:
             return f"its weights ({weight_bytes / 1e9:.1f} GB) exceed ONNX's 2 GB single-file limit"
         from .._extras import missing_extra_error
-        from ..embeddings.onnx_query import (
+        from ..embeddings.onnx_query import weights_fingerprint
+        from ..embeddings.onnx_runtime import (
             DEFAULT_ONNX_SPIN_US,
             ONNX_MODULES,
             default_cache_dir,
             import_onnxruntime,
             onnx_session_options,
-            weights_fingerprint,
         )
 
         missing = missing_extra_error("onnx=True", {"onnx": ONNX_MODULES})
