@@ -123,8 +123,15 @@ _ORDER_FUNCS: Dict[FilterOperator, Callable[[Any, Any], bool]] = {
 # --------------------------------------------------------------------------------------------
 
 
+#: A UUID in its canonical text form (what ``str(uuid.UUID(...))`` writes), e.g. every chunk id.
+_CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
 def point_id(node_id: str) -> str:
-    """The Qdrant point id of ``node_id``: the node id itself when it is a UUID, else its uuid5."""
+    """The Qdrant point id of ``node_id``: the node id itself when it is a UUID (canonical form),
+    else its uuid5."""
+    if type(node_id) is str and _CANONICAL_UUID.fullmatch(node_id):
+        return node_id  # what the parse below returns, in a fifth of the time
     if not isinstance(node_id, str) or not node_id:
         raise ValueError(f"node id must be a non-empty str, got {node_id!r}")
     try:

@@ -137,6 +137,25 @@ def test_point_ids() -> None:
         point_id("")
 
 
+@given(
+    node_id=st.one_of(
+        st.uuids().map(str),
+        st.uuids().map(lambda u: str(u).upper()),
+        st.uuids().map(lambda u: u.hex),
+        st.uuids().map(lambda u: "{" + str(u) + "}"),
+        st.text(alphabet="0123456789abcdefABCDEF-{}", min_size=1, max_size=40),
+        st.text(min_size=1, max_size=20),
+    )
+)
+def test_point_id_is_the_parsed_uuid_or_the_uuid5(node_id: str) -> None:
+    """The canonical-UUID shortcut returns what parsing returns, for any id."""
+    try:
+        want = str(uuid.UUID(node_id))
+    except ValueError:
+        want = str(uuid.uuid5(NODE_ID_NAMESPACE, node_id))
+    assert point_id(node_id) == want
+
+
 def test_bad_vectors_are_refused(store: EdgePoints) -> None:
     nodes = _nodes(2)
     with pytest.raises(ValueError, match=r"shape \(2, 8\)"):
