@@ -172,3 +172,26 @@ def test_serialises_like_a_llamaindex_embedding_and_falls_back_without_a_record(
     elsewhere = OnnxQueryEmbedding.from_dict({**torch_free.to_dict(), "onnx_cache_dir": str(tmp_path)})
     np.testing.assert_allclose(elsewhere.get_query_embedding(query), torch_free.get_query_embedding(query), atol=1e-5, rtol=0)
     assert elsewhere.query_encoder() is None
+
+
+def test_an_index_opened_with_the_torch_free_embedder_writes_the_same_vectors(fast, torch_free, model_dir: str, tmp_path: Path) -> None:
+    """``HybridIndex.load(..., embed_model=OnnxQueryEmbedding)`` then ``upsert``: the new chunks'
+    stored vectors are the model's document vectors, and queries rank as with the regular model."""
+    from llama_index.core import Document
+
+    from llama_index_retrieval_kit.indices import HybridIndex
+
+    first = Document(text="The annual fee is $95, waived in the first year.", id_="fees", metadata={"doc_id": "fees"})
+    second = Document(text="Interest accrues daily on the average daily balance.", id_="interest", metadata={"doc_id": "interest"})
+    HybridIndex.from_documents([first], tmp_path / "index", embed_model=fast).close()
+    with HybridIndex.load(tmp_path / "index", embed_model=torch_free) as index:
+        assert index.embed_model is torch_free
+        index.upsert([second])
+        matrix = index.dense_matrix()
+        rows = {node.ref_doc_id: i for i, node in enumerate(matrix.nodes)}
+        want = np.asarray(fast.get_text_embedding_batch([second.text]))[0]
+        np.testing.assert_allclose(matrix.vectors[rows["interest"]], want / np.linalg.norm(want), atol=1e-6, rtol=0)
+        got = [r.node.ref_doc_id for r in index.as_retriever("dense", similarity_top_k=2).retrieve("How is interest charged?")]
+    with HybridIndex.load(tmp_path / "index", embed_model=fast) as index:
+        assert [r.node.ref_doc_id for r in index.as_retriever("dense", similarity_top_k=2).retrieve("How is interest charged?")] == got
+    assert got[0] == "interest"
