@@ -366,24 +366,36 @@ class FastHuggingFaceEmbedding(HuggingFaceEmbedding):
         was never done (once per machine and model: seconds), so that later query-only processes
         (``rkit query``) embed queries without PyTorch. True when a record exists afterwards;
         never raises (without one, queries take the regular path)."""
-        folder = Path(self.model_name)
-        if self.query_backend != "onnx" or self._export_settings is None or not folder.is_dir():
+        folder = self._query_export_folder()
+        if self.query_backend != "onnx" or folder is None:
             return False
-        from . import query_export as qe
+        from .query_export import RECORD_FILE
 
-        record = qe.record_folder(self.onnx_cache_dir, qe.export_settings_key(folder, **self._export_settings)) / qe.RECORD_FILE
+        record = folder / RECORD_FILE
         if not record.is_file():
             logger.info("preparing the ONNX query path of %s (once): later queries start without PyTorch", self.model_name)
             self.onnx_active  # noqa: B018 - prepares the path once per process; a passing check writes the record
         return record.is_file()
 
+    def _query_export_folder(self) -> Optional[Path]:
+        """Where this model's and settings' query export record lives, or None when it gets none
+        (a hub name, or sentence-transformers arguments a record does not capture)."""
+        folder = Path(self.model_name)
+        if self._export_settings is None or not folder.is_dir():
+            return None
+        from .query_export import export_settings_key, record_folder
+
+        return record_folder(self.onnx_cache_dir, export_settings_key(folder, **self._export_settings))
+
     def _record_query_export(self, onnx_path: Path, probe_vectors: np.ndarray) -> None:
         """Write the query export record of this model and settings (see ``query_export``), so that
         a later process can embed queries without PyTorch; never fails the query path."""
-        folder = Path(self.model_name)
-        if self._export_settings is None or not folder.is_dir():
+        target = self._query_export_folder()
+        if target is None:
             return
         from . import query_export as qe
+
+        folder = Path(self.model_name)
 
         try:
             record = qe.QueryExportRecord(
@@ -403,8 +415,7 @@ class FastHuggingFaceEmbedding(HuggingFaceEmbedding):
                 probe_vectors=probe_vectors.tolist(),
                 tolerance=self.onnx_tolerance,
             )
-            key = qe.export_settings_key(folder, **self._export_settings)
-            why = qe.write_query_export(qe.record_folder(self.onnx_cache_dir, key), record, self._model.tokenizer.backend_tokenizer.to_str())
+            why = qe.write_query_export(target, record, self._model.tokenizer.backend_tokenizer.to_str())
         except Exception as exc:  # an optimisation for later processes: never a failure here
             why = f"{type(exc).__name__}: {exc}"
         if why:

@@ -145,12 +145,9 @@ def bm25s_scores(counts: TermCounts, k1: float, b: float, method: str, dtype: st
     idf_of = _IDF[method]
     values, inverse = np.unique(df, return_inverse=True)
     idf = np.array([idf_of(int(v), n_docs) for v in values.tolist()], dtype=np.float64)[inverse].astype(dtype)
-    # Per document, in float64 as bm25s computes it with Python floats and a numpy float64 mean.
-    if method == "atire":
-        length_norm = (1 - b) + b * counts.doc_len / avg_doc_len
-        doc_term = k1 * length_norm
-    else:
-        doc_term = k1 * ((1 - b) + b * counts.doc_len / avg_doc_len)
+    # Per document, in float64 as bm25s computes it with Python floats and a numpy float64 mean
+    # (every method's denominator term: k1 * ((1 - b) + b * |d| / avgdl)).
+    doc_term = k1 * ((1 - b) + b * counts.doc_len / avg_doc_len)
     tf = counts.tf.astype(dtype)
     per_entry = doc_term[counts.rows].astype(_MIXED)
     if method == "atire":

@@ -44,7 +44,7 @@ def copy_related(info: Any) -> Any:
         values = info.__dict__.copy()
         metadata = values.get("metadata")
         if metadata is not None:
-            values["metadata"] = {k: v if type(v) in _IMMUTABLE_TYPES else copy_metadata(v) for k, v in metadata.items()}
+            values["metadata"] = copy_metadata(metadata)
         extra = info.__pydantic_extra__
         return assemble(RelatedNodeInfo, values, set(info.__pydantic_fields_set__), extra=None if extra is None else dict(extra))
     if type(info) is list:
