@@ -224,7 +224,7 @@ class OnnxQueryEmbedding(BaseEmbedding):
 
     normalize: bool = Field(default=True, description="As HuggingFaceEmbedding's normalize.")
     query_instruction: Optional[str] = Field(default=None, description="As HuggingFaceEmbedding's query_instruction.")
-    max_length: Optional[int] = Field(default=None, description="As HuggingFaceEmbedding's max_length (None: the model's).")
+    max_length: Optional[int] = Field(default=None, gt=0, description="As HuggingFaceEmbedding's max_length (None: the model's).")
     onnx_cache_dir: Optional[str] = Field(default=None, description="Folder of the ONNX exports and query export records.")
     onnx_threads: int = Field(default=0, ge=0, description="ONNX Runtime intra-op threads (0: one per core).")
     onnx_spin_us: Optional[int] = Field(default=DEFAULT_ONNX_SPIN_US, ge=0, description="As FastHuggingFaceEmbedding's onnx_spin_us.")

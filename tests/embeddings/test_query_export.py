@@ -195,3 +195,11 @@ def test_an_index_opened_with_the_torch_free_embedder_writes_the_same_vectors(fa
     with HybridIndex.load(tmp_path / "index", embed_model=fast) as index:
         assert [r.node.ref_doc_id for r in index.as_retriever("dense", similarity_top_k=2).retrieve("How is interest charged?")] == got
     assert got[0] == "interest"
+
+
+@pytest.mark.parametrize("bad", [{"max_length": 0}, {"onnx_threads": -1}, {"onnx_spin_us": -5}])
+def test_bad_settings_are_refused_naming_the_field(model_dir: str, bad: dict) -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=next(iter(bad))):
+        OnnxQueryEmbedding.from_export(model_dir, **bad)
