@@ -204,6 +204,81 @@ def _format_validation_error(exc: Any, prefix: Optional[str]) -> ComponentError:
     return ComponentError(msg, key)
 
 
+#: Options that let a model folder run its own Python code (``transformers``' ``trust_remote_code``).
+#: A component built from a config gets them False unless the config sets them: some LlamaIndex
+#: components default to True (``SentenceTransformerRerank``), and a config is often handed around.
+REMOTE_CODE_OPTIONS = ("trust_remote_code",)
+
+
+def _is_own_component(cls: type) -> bool:
+    """Whether ``cls`` comes from this package, whose components load nothing when constructed."""
+    return cls.__module__.partition(".")[0] == __name__.partition(".")[0]
+
+
+def _checked_options(
+    name: str, options: Optional[Mapping[str, Any]], kind: ComponentKind | str | None, key: Optional[str]
+) -> tuple[type, Dict[str, Any]]:
+    """The class of ``name`` and ``options`` with every name checked and the remote-code options
+    defaulted to False (see :data:`REMOTE_CODE_OPTIONS`)."""
+    cls = resolve_component(name, kind, key=f"{key}.component" if key else None)
+    options = dict(options or {})
+    allowed = component_options(cls)
+    for option in options:
+        if option not in allowed:
+            raise ComponentError(
+                f"unknown option {option!r} of component {name!r} ({cls.__qualname__}); allowed: {', '.join(allowed)}",
+                f"{key}.{option}" if key else option,
+            )
+    for option in REMOTE_CODE_OPTIONS:
+        if option in allowed and option not in options:
+            options[option] = False
+    return cls, options
+
+
+def _component_error(exc: Exception, cls: type, key: Optional[str]) -> ComponentError:
+    if hasattr(exc, "errors") and callable(exc.errors):  # pydantic's ValidationError
+        return _format_validation_error(exc, key)
+    return ComponentError(f"{cls.__qualname__}: {exc}", key)
+
+
+def check_component(
+    name: str,
+    options: Optional[Mapping[str, Any]] = None,
+    kind: ComponentKind | str | None = None,
+    key: Optional[str] = None,
+) -> type:
+    """Check component ``name`` and its ``options`` as :func:`make_component` would, without
+    running a constructor from outside this package; returns the class.
+
+    Reading a config must not load models or run a model folder's code: LlamaIndex components
+    such as ``SentenceTransformerRerank`` load their model in ``__init__`` (which pydantic's
+    ``model_validate`` calls too). Those are checked field by field with pydantic alone (types,
+    constraints, field validators; required fields present) and built when the pipeline is built;
+    this package's components load lazily and are built once to check them fully.
+    """
+    cls, options = _checked_options(name, options, kind, key)
+    try:
+        if _is_own_component(cls):
+            cls(**options)
+        else:
+            _validate_fields(cls, options, key)
+    except ComponentError:
+        raise
+    except Exception as exc:  # pydantic's ValidationError, the component's ValueError/ImportError
+        raise _component_error(exc, cls, key) from None
+    return cls
+
+
+def _validate_fields(cls: Any, options: Mapping[str, Any], key: Optional[str]) -> None:
+    """Each option validated as an assignment to an instance made without ``__init__``."""
+    missing = [n for n, f in cls.model_fields.items() if f.is_required() and n not in options and n not in INTERNAL_FIELDS]
+    if missing:
+        raise ComponentError("missing (required)", f"{key}.{missing[0]}" if key else missing[0])
+    blank = cls.model_construct()
+    for option, value in options.items():
+        cls.__pydantic_validator__.validate_assignment(blank, option, value)
+
+
 def make_component(
     name: str,
     options: Optional[Mapping[str, Any]] = None,
@@ -214,22 +289,13 @@ def make_component(
 
     An option the component does not have is refused (naming the allowed ones); a bad value
     is the component's own error, re-raised as :class:`ComponentError` naming ``key.option``.
+    Options of :data:`REMOTE_CODE_OPTIONS` the component has are False unless given.
     """
-    cls = resolve_component(name, kind, key=f"{key}.component" if key else None)
-    options = dict(options or {})
-    allowed = component_options(cls)
-    for option in options:
-        if option not in allowed:
-            raise ComponentError(
-                f"unknown option {option!r} of component {name!r} ({cls.__qualname__}); allowed: {', '.join(allowed)}",
-                f"{key}.{option}" if key else option,
-            )
+    cls, options = _checked_options(name, options, kind, key)
     try:
         return cls(**options)
     except Exception as exc:  # pydantic's ValidationError, the component's ValueError/ImportError
-        if hasattr(exc, "errors") and callable(exc.errors):
-            raise _format_validation_error(exc, key) from None
-        raise ComponentError(f"{cls.__qualname__}: {exc}", key) from None
+        raise _component_error(exc, cls, key) from None
 
 
 def _plain(value: Any) -> Any:

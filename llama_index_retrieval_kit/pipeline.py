@@ -73,7 +73,15 @@ from llama_index.core.query_engine import RetrieverQueryEngine
 from llama_index.core.schema import NodeWithScore, QueryBundle
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictFloat, StrictInt, ValidationError, field_validator, model_validator
 
-from .components import ComponentError, ComponentKind, component_options, component_to_dict, make_component, resolve_component
+from .components import (
+    ComponentError,
+    ComponentKind,
+    check_component,
+    component_options,
+    component_to_dict,
+    make_component,
+    resolve_component,
+)
 from .evaluation.configs import ConfigError, read_yaml_file
 from .models import DEFAULT_EMBED_MODEL
 
@@ -133,8 +141,9 @@ class _Section(BaseModel):
 class _ComponentSection(BaseModel):
     """A section naming a component: ``component`` + the section's own keys + the component's options.
 
-    Options are the extra keys; each is checked against the component's fields, and the
-    component is built once with them to check the values.
+    Options are the extra keys; each is checked against the component's fields, and the values
+    with :func:`~llama_index_retrieval_kit.components.check_component` (which builds only this
+    package's components: reading a config never loads a model or runs a model folder's code).
     """
 
     model_config = ConfigDict(extra="allow", validate_default=True)
@@ -152,7 +161,7 @@ class _ComponentSection(BaseModel):
     @model_validator(mode="after")
     def _check_component(self) -> "_ComponentSection":
         try:
-            make_component(self.component, self.options, self.component_kind, key=self.section_name)
+            check_component(self.component, self.options, self.component_kind, key=self.section_name)
         except ComponentError as exc:
             message = str(exc)
             if message.startswith("unknown option"):

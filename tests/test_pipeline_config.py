@@ -240,6 +240,53 @@ def test_module_colon_class_names_resolve() -> None:
         resolve_component("llama_index.core.node_parser:NoSuchParser")
 
 
+def _remote_code_model(folder: Path, marker: Path) -> Path:
+    """A model folder whose config asks transformers to import its own Python file, which writes ``marker``."""
+    folder.mkdir()
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["BertForSequenceClassification"],
+                "model_type": "markerbert",
+                "auto_map": {"AutoConfig": "configuration_marker.MarkerConfig"},
+                "num_labels": 1,
+            }
+        )
+    )
+    (folder / "configuration_marker.py").write_text(
+        f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n"
+        "from transformers import PretrainedConfig\n"
+        "class MarkerConfig(PretrainedConfig):\n    model_type = 'markerbert'\n"
+    )
+    return folder
+
+
+def test_reading_a_config_never_builds_a_third_party_component_nor_runs_model_code(tmp_path: Path, monkeypatch) -> None:
+    """LlamaIndex's SentenceTransformerRerank loads its model in __init__ with trust_remote_code=True
+    by default: reading a config that names it must not load it, and building it from a config
+    must not run the model folder's code unless the config says trust_remote_code: true."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    marker = tmp_path / "ran.txt"
+    model = _remote_code_model(tmp_path / "model", marker)
+    name = "llama_index.core.postprocessor:SentenceTransformerRerank"
+    section = {"component": name, "model": str(model), "top_n": 3}
+    config = PipelineConfig.from_dict({"reranker": section})  # checked, not built
+    assert not marker.exists()
+    # values are still checked, naming the key
+    error = _error({"reranker": {**section, "top_n": "three"}})
+    assert error.key == "reranker.top_n" and "integer" in str(error)
+    # building it refuses the model folder's code: trust_remote_code is False unless the config sets it
+    with pytest.raises(ComponentError, match="custom code"):
+        config.reranker.build()
+    assert not marker.exists()
+    # the same through component_from_dict, and an explicit option is kept
+    with pytest.raises(ComponentError, match="custom code"):
+        component_from_dict(section, "postprocessor")
+    assert not marker.exists()
+    assert PipelineConfig.from_dict({"reranker": {**section, "trust_remote_code": True}}).reranker.options["trust_remote_code"] is True
+    assert not marker.exists()
+
+
 def test_a_third_party_entry_point_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "rkit_plugin_demo.py").write_text(
         textwrap.dedent(

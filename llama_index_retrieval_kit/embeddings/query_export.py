@@ -203,6 +203,9 @@ def open_query_export(
         return None, f"query export record {path} was written with {record.versions}, installed: {installed_versions()}"
     if record.files_fingerprint != model_files_fingerprint(model_folder):
         return None, f"the files of {model_folder} changed since the query export record {path} was written"
+    exports = (Path(cache_dir or default_cache_dir()) / "onnx").resolve()
+    if not Path(record.onnx_path).resolve().is_relative_to(exports):
+        return None, f"query export record {path} names the ONNX model {record.onnx_path}, outside the cache's exports {exports}"
     if not Path(record.onnx_path).is_file():
         return None, f"the ONNX model {record.onnx_path} of {path} is gone"
     encoder = OnnxQueryEncoder(record, folder / TOKENIZER_FILE, threads=threads, spin_us=spin_us)

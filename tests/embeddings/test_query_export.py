@@ -114,6 +114,17 @@ def test_a_record_is_refused_when_what_it_depends_on_changed(fast, model_dir: st
     assert not opened()
     path.write_text("{not json")
     assert not opened()
+    # a record naming a model outside the cache's exports (a planted model would decide every
+    # dense result): refused even when the file exists and the probes are its own
+    outside = Path(str(cache_dir) + "_elsewhere")
+    outside.mkdir(exist_ok=True)
+    planted = outside / "model.onnx"
+    shutil.copyfile(json.loads(original)["onnx_path"], planted)
+    path.write_text(json.dumps({**json.loads(original), "onnx_path": str(planted)}))
+    encoder, why = qe.open_query_export(Path(model_dir), path.parent.name, cache_dir=cache_dir)
+    assert encoder is None and "outside the cache" in why and str(planted) in why
+    assert not opened()
+    shutil.rmtree(outside)
     path.write_text(original)
     assert opened()
     # a changed model file (new modification time)
