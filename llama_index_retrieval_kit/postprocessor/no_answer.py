@@ -358,8 +358,51 @@ def _install_response_handler() -> None:
                 elif isinstance(event, RetrievalStartEvent):
                     _mark_retrieval_started()
 
-        get_dispatcher().add_event_handler(NoAnswerResponseHandler())
+        from llama_index.core.base.base_query_engine import BaseQueryEngine
+        from llama_index.core.base.base_retriever import BaseRetriever
+        from llama_index.core.chat_engine.types import BaseChatEngine
+        from llama_index.core.instrumentation.span_handlers import BaseSpanHandler
+
+        request_starts = (BaseRetriever, BaseQueryEngine, BaseChatEngine)
+
+        class NoAnswerScopeHandler(BaseSpanHandler):
+            """Ends a closed gate's decision with its request: a new top-level retrieval, query or
+            chat (a span without a parent) discards it (see :func:`_discard_at_new_request`)."""
+
+            @classmethod
+            def class_name(cls) -> str:
+                return "NoAnswerScopeHandler"
+
+            def new_span(self, id_: str, bound_args: Any, instance: Any = None, parent_span_id: Optional[str] = None, tags: Any = None, **kwargs: Any) -> None:
+                if parent_span_id is None and isinstance(instance, request_starts):
+                    _discard_at_new_request()
+                return None
+
+            def prepare_to_exit_span(self, id_: str, bound_args: Any, instance: Any = None, result: Any = None, **kwargs: Any) -> None:
+                return None
+
+            def prepare_to_drop_span(self, id_: str, bound_args: Any, instance: Any = None, err: Any = None, **kwargs: Any) -> None:
+                return None
+
+        dispatcher = get_dispatcher()
+        dispatcher.add_event_handler(NoAnswerResponseHandler())
+        dispatcher.add_span_handler(NoAnswerScopeHandler())
         _HANDLER_INSTALLED = True
+
+
+def _discard_at_new_request() -> None:
+    """A top-level retrieval, query or chat started (a span without a parent): a new request.
+
+    A closed gate's decision lives in the caller's context (a ContextVar), which a server's
+    worker thread keeps from one request to the next. It is meant for the synthesis that follows
+    the gate in the same request: inside a query engine that synthesis is a child of the query's
+    span; a chat engine (``CondensePlusContextChatEngine``) calls its retriever, postprocessors
+    and synthesizer one after another, each at the top level, the retrieval before the gate. So
+    a top-level retrieval, query or chat starts another request, and the decision is discarded:
+    it never answers (nor shows its best rejected text to) another request, whatever its question.
+    """
+    if _CLOSED.get() is not None:
+        _CLOSED.set(None)
 
 
 def _mark_retrieval_started() -> None:

@@ -301,18 +301,68 @@ def test_chat_engine_that_rewrites_the_question_abstains(gate: NoAnswerPostproce
 
 
 def test_a_closed_decision_does_not_answer_another_query_after_a_new_retrieval(gate: NoAnswerPostprocessor, sample_index: HybridIndex) -> None:
+    """Within one request (a parent span, as a query engine's), a later retrieval of another
+    question leaves the decision to the synthesis of its own question only."""
     from llama_index.core.base.response.schema import Response
+    from llama_index.core.instrumentation import get_dispatcher
 
     from llama_index_retrieval_kit.postprocessor.no_answer import apply_decision
 
     question = _closed_question(gate, sample_index)
-    nodes = sample_index.as_retriever("hybrid", similarity_top_k=5).retrieve(question)
-    assert gate.postprocess_nodes(nodes, query_str=question) == []
-    sample_index.as_retriever("hybrid", similarity_top_k=5).retrieve("another question entirely")  # a new retrieval
-    other = Response(response="Empty Response", source_nodes=[])
-    assert apply_decision("another question entirely", other) is False and other.response == "Empty Response"
-    own = Response(response="Empty Response", source_nodes=[])
-    assert apply_decision(question, own) is True and own.response == "No answer in these documents."
+    dispatcher = get_dispatcher(__name__)
+
+    @dispatcher.span
+    def one_request() -> tuple[bool, bool]:
+        nodes = sample_index.as_retriever("hybrid", similarity_top_k=5).retrieve(question)
+        assert gate.postprocess_nodes(nodes, query_str=question) == []
+        sample_index.as_retriever("hybrid", similarity_top_k=5).retrieve("another question entirely")  # a new retrieval
+        other = Response(response="Empty Response", source_nodes=[])
+        answered_other = apply_decision("another question entirely", other)
+        assert other.response == "Empty Response"
+        own = Response(response="Empty Response", source_nodes=[])
+        answered_own = apply_decision(question, own)
+        assert own.response == ("No answer in these documents." if answered_own else "Empty Response")
+        return answered_other, answered_own
+
+    assert one_request() == (False, True)
+
+
+def test_a_closed_decision_ends_with_its_request(gate: NoAnswerPostprocessor, sample_index: HybridIndex) -> None:
+    """A server's worker thread keeps its context between requests: a gate that closed in a
+    search request (no synthesis) must not answer, nor show its best rejected chunk to, the next
+    request, even one asking the same question whose filter matches nothing."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from llama_index.core.base.response.schema import Response
+    from llama_index.core.vector_stores.types import MetadataFilter, MetadataFilters
+
+    from llama_index_retrieval_kit.pipeline import PostprocessedRetriever
+    from llama_index_retrieval_kit.postprocessor.no_answer import apply_decision
+
+    question = _closed_question(gate, sample_index)
+
+    def search_request() -> int:
+        return len(PostprocessedRetriever(sample_index.as_retriever("hybrid", similarity_top_k=5), [gate]).retrieve(question))
+
+    def ask_request_matching_nothing() -> Response:
+        nothing = MetadataFilters(filters=[MetadataFilter(key="doc_id", value="no-such-document")])
+        engine = sample_index.as_query_engine(llm=MockLLM(max_tokens=5), filters=nothing)
+        return engine.query(question)
+
+    with ThreadPoolExecutor(max_workers=1) as worker:
+        assert worker.submit(search_request).result() == 0  # the gate closed
+        response = worker.submit(ask_request_matching_nothing).result()
+        assert response.source_nodes == []
+        assert not (response.metadata or {}).get("no_answer") and "best_rejected" not in (response.metadata or {})
+        assert str(response) != "No answer in these documents."
+        # a top-level retrieval of the same question also starts a new request
+        assert worker.submit(search_request).result() == 0
+
+        def retrieve_then_apply() -> bool:
+            sample_index.as_retriever("hybrid", similarity_top_k=5).retrieve(question)
+            return apply_decision(question, Response(response="Empty Response", source_nodes=[]))
+
+        assert worker.submit(retrieve_then_apply).result() is False
 
 
 def test_open_gate_passes_the_nodes_unchanged(gate: NoAnswerPostprocessor, sample_index: HybridIndex) -> None:
