@@ -45,7 +45,7 @@ from llama_index.core.vector_stores.utils import metadata_dict_to_node
 
 from .checks import CheckedQueryMixin, check_positive_int, check_query_text
 from .exact_dense import query_embedding
-from .filters import validate_filters
+from .filters import metadata_matches, validate_filters
 
 if TYPE_CHECKING:  # qdrant-client (~0.5 s to import) is imported where a server or its types are used
     from qdrant_client import models
@@ -72,6 +72,25 @@ def results_from_lookup(points: Any, node_lookup: Optional[NodeLookup], dense: A
                        sum(node is None for node in nodes), len(nodes))
         return None
     return [NodeWithScore(node=node, score=score) for node, (_, score) in zip(nodes, hits)]
+
+
+def nodes_from_payloads(hits: Sequence[tuple[Any, float]], filters: Optional[MetadataFilters]) -> List[NodeWithScore]:
+    """Result nodes parsed from the points' payloads (LlamaIndex's ``metadata_dict_to_node``),
+    keeping only those whose metadata match ``filters``.
+
+    The engine was asked with a filter built from this process's view of the index (an id list
+    where a filter cannot be translated exactly); a server's points may have changed since, by
+    another writer (a point moved to another tenant keeps its id). Checking each returned payload
+    costs microseconds on the top k and means such a point is left out, never returned.
+    """
+    results = []
+    for payload, score in hits:
+        node = metadata_dict_to_node(payload)
+        if filters is None or metadata_matches(node.metadata, filters):
+            results.append(NodeWithScore(node=node, score=score))
+    if len(results) < len(hits):
+        logger.info("%d result point(s) no longer match the filters (changed by another writer since this index was read)", len(hits) - len(results))
+    return results
 
 
 @functools.lru_cache(maxsize=1 << 20)
@@ -230,8 +249,7 @@ class QdrantHybridRetriever(CheckedQueryMixin, BaseRetriever):
         found = results_from_lookup(self._points, self._node_lookup, dense, sparse, **query)
         if found is not None:
             return found
-        hits = self._points.search(dense, sparse, **query)
-        return [NodeWithScore(node=metadata_dict_to_node(payload), score=score) for payload, score in hits]
+        return nodes_from_payloads(self._points.search(dense, sparse, **query), self.filters)
 
 
 class QdrantDenseRetriever(CheckedQueryMixin, BaseRetriever):
@@ -277,4 +295,4 @@ class QdrantDenseRetriever(CheckedQueryMixin, BaseRetriever):
             if found is not None:
                 return found
             hits = self._points.search(dense, None, limit=self.similarity_top_k, filter=self._query_filter())
-        return [NodeWithScore(node=metadata_dict_to_node(payload), score=score) for payload, score in hits]
+        return nodes_from_payloads(hits, self.filters)

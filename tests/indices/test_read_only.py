@@ -226,3 +226,49 @@ def test_the_cli_calibrates_read_only_beside_an_open_writer(index: HybridIndex, 
     assert main(["-q", "calibrate", "--storage", str(index_dir), "--dataset", str(QUESTIONS_FILE), "--out", str(gate)]) == EXIT_OK
     assert "answering from its last committed state (read-only)" in capsys.readouterr().err
     assert gate.exists() and '"threshold"' in gate.read_text(encoding="utf-8")
+
+
+def test_a_reader_on_a_server_never_returns_points_another_writer_moved_out_of_its_filter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A filter the engine cannot evaluate ('tenant.id' is not a plain key) goes to the server as
+    an id list built from the reader's view; the writer's later points (new ones, or one moved to
+    another tenant under the same id) must not come back through it."""
+    from llama_index.core.embeddings import MockEmbedding
+    from llama_index.core.vector_stores.types import MetadataFilter, MetadataFilters
+    from qdrant_client import QdrantClient
+
+    client = QdrantClient(location=":memory:")
+
+    class Shared:
+        def __getattr__(self, name):
+            return getattr(client, name)
+
+        def close(self, **kwargs):
+            pass
+
+    monkeypatch.setattr(hybrid_index_module, "server_client", lambda url, api_key=None: Shared())
+    model = MockEmbedding(embed_dim=8)
+    docs = [Document(id_=f"acme-{i}", text=f"Refund policy of acme, part {i}.", metadata={"tenant.id": "acme"}) for i in range(6)]
+    docs += [Document(id_=f"globex-{i}", text=f"Refund policy of globex, part {i}.", metadata={"tenant.id": "globex"}) for i in range(2)]
+    acme = MetadataFilters(filters=[MetadataFilter(key="tenant.id", value="acme")])
+    globex = MetadataFilters(filters=[MetadataFilter(key="tenant.id", value="globex")])
+    engine_modes = [("qdrant_hybrid", {}), ("dense", {"dense_search": "qdrant"})]
+
+    def tenants(reader: HybridIndex, filters: MetadataFilters) -> Dict[str, set]:
+        return {
+            mode: {r.node.metadata["tenant.id"] for r in reader.as_retriever(mode, similarity_top_k=20, filters=filters, **opts).retrieve("refund policy")}
+            for mode, opts in engine_modes
+        }
+
+    with HybridIndex.from_documents(docs, tmp_path / "index", embed_model=model, qdrant_url="http://qdrant.invalid:6333") as writer:
+        with HybridIndex.load(tmp_path / "index", embed_model=model, read_only=True) as reader:
+            assert tenants(reader, acme) == {"qdrant_hybrid": {"acme"}, "dense": {"acme"}}
+            # acme is the majority: the id list excludes globex's points; a new globex point is not in it
+            writer.upsert([Document(id_="globex-new", text="Refund policy of globex: GLOBEX-NEW-SECRET.", metadata={"tenant.id": "globex"})])
+            assert tenants(reader, acme) == {"qdrant_hybrid": {"acme"}, "dense": {"acme"}}
+            # globex is the minority: the id list admits its points; acme-0 moves to globex under the same ids
+            writer.upsert([Document(id_="acme-0", text="Refund policy of acme, part 0.", metadata={"tenant.id": "globex"})])
+            assert tenants(reader, globex) == {"qdrant_hybrid": {"globex"}, "dense": {"globex"}}
+            assert tenants(reader, acme) == {"qdrant_hybrid": {"acme"}, "dense": {"acme"}}
+            assert reader.refresh() is True
+            after = {r.node.ref_doc_id for r in reader.as_retriever("qdrant_hybrid", similarity_top_k=20, filters=globex).retrieve("refund policy")}
+            assert after == {"globex-0", "globex-1", "globex-new", "acme-0"}
