@@ -9,6 +9,7 @@ internet), exactly as Hugging Face / sentence-transformers would do it.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -124,3 +125,81 @@ def embedding_family(embed_model: Any) -> str:
     """The class name that identifies how a model computes document vectors."""
     name = embed_model.class_name()
     return _SAME_VECTORS.get(name, name)
+
+
+#: Settings of the HuggingFaceEmbedding family that change document vectors, with the value that
+#: means "as the model itself does" (``max_length`` None: the model's own ``max_seq_length``).
+HF_DOCUMENT_SETTINGS = {"normalize": True, "text_instruction": None, "max_length": None}
+#: Fields of an embedding class that never change a document vector: transport, batching,
+#: progress, caches, and what applies to queries only.
+RUNTIME_EMBEDDING_FIELDS = frozenset(
+    {
+        "model_name", "embed_batch_size", "callback_manager", "num_workers", "embeddings_cache", "rate_limiter",
+        "cache_folder", "show_progress_bar", "device", "api_key", "api_base", "api_version", "timeout",
+        "max_retries", "reuse_client", "default_headers", "query_instruction", "query_backend", "class_name",
+    }
+)
+_JSON_SCALARS = (str, int, float, bool, type(None))
+
+
+@functools.lru_cache(maxsize=32)
+def model_max_seq_length(name: str) -> int | None:
+    """The model's own ``max_seq_length`` (its folder's ``sentence_bert_config.json``, found
+    locally or in the Hugging Face cache; never downloaded), or None when unknown."""
+    folder = Path(resolve_model_path(name))
+    path: Any = folder / "sentence_bert_config.json"
+    if not path.is_file():
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            path = try_to_load_from_cache(name, "sentence_bert_config.json")
+        except Exception:  # not a hub id, or huggingface_hub missing
+            path = None
+        if not isinstance(path, str):
+            return None
+    try:
+        value = json.loads(Path(path).read_text(encoding="utf-8")).get("max_seq_length")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _plain_json(value: Any) -> bool:
+    if isinstance(value, _JSON_SCALARS):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(_plain_json(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain_json(v) for k, v in value.items())
+    return False
+
+
+def document_vector_settings(embed_model: Any) -> dict[str, Any]:
+    """The settings of ``embed_model`` that change its document vectors and differ from the
+    model's own behaviour (``{}`` for a model used as it comes).
+
+    The HuggingFaceEmbedding family: :data:`HF_DOCUMENT_SETTINGS` (``max_length`` against the
+    model's own ``max_seq_length``). Any other class: its pydantic fields whose value differs from
+    the field's default, except :data:`RUNTIME_EMBEDDING_FIELDS` and values that are not plain
+    JSON (objects cannot be compared across processes).
+    """
+    out: dict[str, Any] = {}
+    if embedding_family(embed_model) == "HuggingFaceEmbedding":
+        for name, standard in HF_DOCUMENT_SETTINGS.items():
+            value = getattr(embed_model, name, standard)
+            if name == "max_length":
+                if value is not None and value != model_max_seq_length(getattr(embed_model, "model_name", "") or ""):
+                    out[name] = value
+            elif value != standard:
+                out[name] = value
+        return out
+    for name, field in (getattr(type(embed_model), "model_fields", None) or {}).items():
+        if name in RUNTIME_EMBEDDING_FIELDS or name.startswith("onnx_"):
+            continue
+        value = getattr(embed_model, name, None)
+        if not _plain_json(value):
+            continue
+        default = field.get_default(call_default_factory=True)
+        if field.is_required() or value != default:
+            out[name] = value
+    return out

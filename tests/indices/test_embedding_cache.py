@@ -102,7 +102,7 @@ def test_cache_key_is_the_logical_model_name_and_old_path_keys_are_migrated(embe
     key = model_key(embed_model)
     assert key == f"HuggingFaceEmbedding:{DEFAULT_EMBED_MODEL}"  # no install path in the key
     # LlamaIndex's own class on the same folder computes the same document vectors: same key.
-    assert model_key(HuggingFaceEmbedding.model_construct(model_name=str(packaged_minilm_path()))) == key
+    assert model_key(HuggingFaceEmbedding(model_name=str(packaged_minilm_path()))) == key
     # A cache written by an older version, from a virtualenv that has since moved.
     path = tmp_path / "old.sqlite"
     old = EmbeddingCache(path)
@@ -117,3 +117,35 @@ def test_cache_key_is_the_logical_model_name_and_old_path_keys_are_migrated(embe
         assert len(reopened) == 1
     finally:
         reopened.close()
+
+
+def test_settings_that_change_document_vectors_are_part_of_the_key(embed_model, tmp_path: Path) -> None:
+    """A model of the same name with another max_length, normalisation or text instruction makes
+    other vectors: the cache must not hand it the vectors of the model used as it comes (which
+    keeps the key earlier versions wrote)."""
+    from llama_index.embeddings.huggingface import HuggingFaceEmbedding
+
+    from llama_index_retrieval_kit.models import DEFAULT_EMBED_MODEL, default_embed_model, packaged_minilm_path
+
+    folder = str(packaged_minilm_path())
+    as_it_comes = f"HuggingFaceEmbedding:{DEFAULT_EMBED_MODEL}"
+    assert model_key(HuggingFaceEmbedding(model_name=folder, max_length=256)) == as_it_comes  # the model's own length
+    variants = {
+        "max_length": HuggingFaceEmbedding(model_name=folder, max_length=16),
+        "normalize": HuggingFaceEmbedding(model_name=folder, normalize=False),
+        "text_instruction": HuggingFaceEmbedding(model_name=folder, text_instruction="passage: "),
+    }
+    keys = {name: model_key(model) for name, model in variants.items()}
+    assert len(set(keys.values())) == 3 and all(k.startswith(as_it_comes + "#") for k in keys.values())
+    # query-only settings do not change document vectors: same key
+    assert model_key(HuggingFaceEmbedding(model_name=folder, query_instruction="query: ")) == as_it_comes
+    cache = EmbeddingCache(tmp_path / "cache.sqlite")
+    try:
+        text = [TEXTS[2]]  # long enough for max_length=16 to cut it
+        standard = embed_texts(embed_model, text, cache)
+        short = embed_texts(default_embed_model(max_length=16), text, cache)
+        np.testing.assert_allclose(short, embed_texts(variants["max_length"], text), atol=1e-5)
+        assert float(standard[0] @ short[0]) < 0.99  # a different vector, not the cached one
+        assert len(cache) == 2
+    finally:
+        cache.close()
