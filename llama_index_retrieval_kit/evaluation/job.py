@@ -516,7 +516,10 @@ def run_eval(
     for seed in seeds:
         if not seed.is_file():
             raise ValueError(f"embedding cache {str(seed)!r} not found")
+    from .report import check_report_folder
+
     out = Path(out_dir)
+    check_report_folder(out)
     path = Path(dataset_path)
 
     t0 = time.perf_counter()

@@ -497,20 +497,61 @@ def write_runs(evaluations: Mapping[str, RetrieverEvaluation], folder: str | Pat
     return paths
 
 
+#: Files a report folder holds (besides ``indexes/``); ``runs/`` holds one JSONL file per config.
+REPORT_FILES = ("metrics.json", "per_query.csv", "summary.md", "metrics_vs_k.png")
+#: Report files named after the configs compared: an earlier run's may be stale.
+PER_CONFIG_PATTERNS = ("delta_*.png", "runs/*.jsonl")
+
+
+def earlier_report_files(out: Path) -> list[Path]:
+    """The files an earlier report in ``out`` wrote, as its ``metrics.json`` lists them (only
+    paths inside ``out``); [] without a readable one."""
+    try:
+        files = json.loads((out / "metrics.json").read_text(encoding="utf-8")).get("files", {})
+    except (OSError, ValueError, AttributeError):
+        return []
+    found = []
+    for rel in files.values() if isinstance(files, dict) else []:
+        path = Path(str(rel))
+        if path.is_absolute() or ".." in path.parts:
+            continue
+        found.append(out / path)
+    return found
+
+
+def check_report_folder(out: str | Path) -> None:
+    """Refuse a report folder that holds files of the report's names but no earlier report
+    (``metrics.json``): writing the report would replace someone's own files."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file: give a folder for the report")
+    if not out.is_dir() or (out / "metrics.json").is_file():
+        return
+    clashes = [out / name for name in REPORT_FILES if (out / name).exists()]
+    clashes += [p for pattern in PER_CONFIG_PATTERNS for p in sorted(out.glob(pattern))]
+    if clashes:
+        names = ", ".join(str(p.relative_to(out)) for p in clashes[:5]) + (" ..." if len(clashes) > 5 else "")
+        raise ValueError(
+            f"{out} holds {names} but no earlier report (metrics.json): the report would replace them. "
+            "Choose an empty or new folder for --out / out_dir"
+        )
+
+
 def write_report(result: "EvalJobResult") -> dict[str, Path]:
     """Write every report file into ``result.out_dir``; fills ``result.significance``/``files``.
 
-    Delta plots and run files left there by an earlier run are removed first, so the folder
-    describes this run only (indexes/ is kept for reuse).
+    Delta plots and run files that the earlier report there listed (its ``metrics.json``) and
+    this run does not write are removed, so the folder describes this run only; nothing else is
+    deleted (indexes/ is kept for reuse).
     """
     out = result.out_dir
     out.mkdir(parents=True, exist_ok=True)
+    earlier = earlier_report_files(out)
     evaluations = result.evaluations
     first = next(iter(evaluations.values()))
     result.significance = significance_tests(evaluations, compared_metrics(first.ks))
 
-    for stale in [*out.glob("delta_*.png"), *out.glob("runs/*.jsonl")]:  # from an earlier run of other configs
-        stale.unlink()
+    stale = {p for p in earlier if any(p.relative_to(out).match(pattern) for pattern in PER_CONFIG_PATTERNS)}
     files: dict[str, Path] = {}
     files["per_query"] = write_per_query_csv(evaluations, out / "per_query.csv")
     for name, path in write_runs(evaluations, out / "runs").items():
@@ -522,6 +563,9 @@ def write_report(result: "EvalJobResult") -> dict[str, Path]:
         path = out / f"delta_{safe_name(key)}_{safe_name(other)}_vs_{safe_name(names[0])}.png"
         files[f"plot:delta:{other}"] = plot_deltas(evaluations[names[0]], evaluations[other], key, (names[0], other), path)
     result.files.update(files)
+    for path in stale - set(files.values()):  # an earlier run's configs this run does not compare
+        if path.is_file() and not path.is_symlink():
+            path.unlink()
     summary = out / "summary.md"
     result.files["summary"] = summary
     summary.write_text(summary_markdown(result), encoding="utf-8")

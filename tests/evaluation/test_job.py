@@ -208,6 +208,30 @@ def test_a_beir_folder_is_scored_at_document_level(tmp_path: Path) -> None:
     assert (tmp_path / "out" / "metrics_vs_k.png").exists()
 
 
+def test_a_report_never_replaces_or_deletes_files_it_did_not_write(tmp_path: Path) -> None:
+    """--out: a folder holding files of the report's names but no earlier report is refused;
+    a later run removes only the per-config files the earlier report listed."""
+    folder = write_beir(tmp_path / "tiny")
+    out = tmp_path / "out"
+    (out / "runs").mkdir(parents=True)
+    (out / "summary.md").write_text("my own summary", encoding="utf-8")
+    (out / "runs" / "my_labels.jsonl").write_text("{}\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"summary\.md.*no earlier report"):
+        run_eval(folder, ["bm25"], out, ks=(1, 3), show_progress=False)
+    assert (out / "summary.md").read_text(encoding="utf-8") == "my own summary"
+    assert (out / "runs" / "my_labels.jsonl").exists()
+
+    report = tmp_path / "report"
+    run_eval(folder, ["bm25", "llamaindex-bm25"], report, ks=(1, 3), show_progress=False)
+    assert (report / "runs" / "llamaindex-bm25.jsonl").exists() and list(report.glob("delta_*.png"))
+    (report / "runs" / "mine.jsonl").write_text("{}\n", encoding="utf-8")  # the user's own files
+    (report / "delta_my_plot.png").write_bytes(b"png")
+    run_eval(folder, ["bm25"], report, ks=(1, 3), show_progress=False)  # an earlier report: replaced
+    assert not (report / "runs" / "llamaindex-bm25.jsonl").exists()  # stale: the earlier report listed it
+    assert [p.name for p in report.glob("delta_*.png")] == ["delta_my_plot.png"]
+    assert (report / "runs" / "mine.jsonl").exists() and (report / "runs" / "bm25.jsonl").exists()
+
+
 def test_fill_depth_is_enough_for_the_worst_case() -> None:
     assert fill_depth([1, 1, 1], 2) == 2
     assert fill_depth([5, 3, 1, 1], 2) == 6  # the top 5 chunks may all be one document's
