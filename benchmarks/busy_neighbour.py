@@ -158,9 +158,8 @@ def open_index(folder: Path, embed_model: Any):
     C.cached_embeddings([C.embed_text_of(n) for n in nodes], show_progress=True)  # fill the shared cache first
     if storage.exists():
         shutil.rmtree(storage)
-    storage.mkdir(parents=True)
-    shutil.copyfile(C.CACHE_FILE, storage / "embeddings.sqlite")  # every vector is already computed
-    return HybridIndex.from_documents(docs, storage, embed_model=embed_model, show_progress=True)
+    # every vector is already computed
+    return HybridIndex.from_documents(docs, storage, embed_model=embed_model, show_progress=True, embedding_cache=C.CACHE_FILE)
 
 
 def onnx_model(kwargs: Dict[str, Any]):

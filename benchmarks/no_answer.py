@@ -64,9 +64,9 @@ def open_index(folder: Path):
     C.cached_embeddings([C.embed_text_of(n) for n in nodes], show_progress=True)  # fill the shared cache first
     if storage.exists():
         shutil.rmtree(storage)
-    storage.mkdir(parents=True)
-    shutil.copyfile(C.CACHE_FILE, storage / "embeddings.sqlite")  # every vector is already computed
-    return HybridIndex.from_documents(docs, storage, node_parser=C.our_parser(), embed_model=C.embed_model(), show_progress=True)
+    return HybridIndex.from_documents(  # every vector is already computed
+        docs, storage, node_parser=C.our_parser(), embed_model=C.embed_model(), show_progress=True, embedding_cache=C.CACHE_FILE
+    )
 
 
 def _pack(results: Sequence[NodeWithScore]) -> List[Dict[str, Any]]:

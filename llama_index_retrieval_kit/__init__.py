@@ -24,6 +24,7 @@ _EXPORTS = {
     "JsonlTraceWriter": ".tracing",
     "collect_traces": ".tracing",
     "format_trace": ".tracing",
+    "ChunkIdConflictError": ".indices",
     "DocumentIdConflictError": ".indices",
     "EmbeddingCache": ".indices",
     "HybridIndex": ".indices",
@@ -68,6 +69,7 @@ __all__ = [
     "score_fusion",
     "HybridIndex",
     "IndexBusyError",
+    "ChunkIdConflictError",
     "DocumentIdConflictError",
     "EmbeddingCache",
     "ExactDenseRetriever",
@@ -96,7 +98,7 @@ if TYPE_CHECKING:  # the real imports, for type checkers and IDEs
     from .tracing import JsonlTraceWriter, QueryTrace, StageTrace, TraceCollector, collect_traces, format_trace
     from .embeddings import FastHuggingFaceEmbedding
     from .pipeline import PipelineConfig, build_index, build_query_engine, build_retriever
-    from .indices import DocumentIdConflictError, EmbeddingCache, HybridIndex, IndexBusyError
+    from .indices import ChunkIdConflictError, DocumentIdConflictError, EmbeddingCache, HybridIndex, IndexBusyError
     from .node_parser import SectionHierarchyNodeParser, SectionWindowNodeParser
     from .postprocessor import (
         ContextAssembler,

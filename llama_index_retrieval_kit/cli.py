@@ -151,12 +151,46 @@ def _index_config(args: argparse.Namespace):
     return config.with_overrides(overrides, source=f"{args.config} with the command line's options") if overrides else config
 
 
+#: ``--parser`` names by the class they build, and the settings ``--chunk-size`` / ``--chunk-overlap`` set.
+PARSER_NAMES = {"SectionWindowNodeParser": "window", "SectionHierarchyNodeParser": "hierarchy"}
+SIZE_SETTINGS = {"window": ("chunk_size", "chunk_overlap"), "hierarchy": ("child_chunk_size", "child_chunk_overlap")}
+
+
+def _check_update_chunking(args: argparse.Namespace, storage: Path) -> None:
+    """Refuse ``--parser`` / ``--chunk-size`` / ``--chunk-overlap`` that differ from the chunking of
+    the index an update writes to: it keeps its own (one chunking per index); ``--rebuild`` changes it."""
+    if args.parser is None and args.chunk_size is None and args.chunk_overlap is None:
+        return
+    from .indices import IndexManifest
+
+    built = IndexManifest.read(storage / "index.json").node_parser
+    kind = PARSER_NAMES.get(built.get("class_name"))
+    given = [("--chunk-size", args.chunk_size, 0), ("--chunk-overlap", args.chunk_overlap, 1)]
+    if kind is None:
+        describe = f"node parser {built.get('class_name')}"
+        differ = [f"--parser {args.parser}"] if args.parser is not None else []
+        differ += [f"{option} {value}" for option, value, _ in given if value is not None]
+    else:
+        keys = SIZE_SETTINGS[kind]
+        describe = f"--parser {kind} --chunk-size {built.get(keys[0])} --chunk-overlap {built.get(keys[1])}"
+        differ = [f"--parser {args.parser}"] if args.parser not in (None, kind) else []
+        if not differ:  # sizes of the same parser (another parser's sizes mean other settings)
+            differ = [f"{option} {value}" for option, value, i in given if value is not None and value != built.get(keys[i])]
+    if differ:
+        raise CLIError(
+            f"{storage} was built with {describe}, and an update keeps the index's chunking; asked for: "
+            f"{' '.join(differ)}. Add --rebuild to rebuild the index with the new chunking, or drop these options"
+        )
+
+
 def cmd_index(args: argparse.Namespace) -> int:
     from .indices import HybridIndex
     from .ingest import make_parser, read_documents
 
     if args.switch and not args.push:
         raise CLIError("--switch moves the index to the server given by --push URL: add --push")
+    if args.push_overwrite and not args.push:
+        raise CLIError("--push-overwrite is for the collection --push URL writes: add --push")
     config = _index_config(args)
     paths = list(args.paths) or (list(config.reader.paths) if config is not None else [])
     if not paths:
@@ -167,6 +201,8 @@ def cmd_index(args: argparse.Namespace) -> int:
         raise CLIError("--storage is required" + (f" (or index.storage_dir in {args.config})" if args.config else ""))
     storage = Path(args.storage) if args.storage is not None else config.storage_dir
     want_hnsw = bool(args.hnsw or (config is not None and config.index.build_hnsw))
+    if config is None and not args.rebuild and (storage / "index.json").exists():
+        _check_update_chunking(args, storage)  # (with --config, open_index compares the whole chunking)
     if config is not None:
         from .pipeline import make_reader
 
@@ -223,7 +259,8 @@ def cmd_index(args: argparse.Namespace) -> int:
     _out(f"indexed {stats}; {total} chunks in {storage}")
     if args.push:
         with HybridIndex.load(storage) as index:
-            copied = index.push_to(args.push, api_key=os.environ.get("QDRANT_API_KEY"), overwrite=True, switch=args.switch)
+            # its own earlier copy is replaced; another index's or application's collection only with --push-overwrite
+            copied = index.push_to(args.push, api_key=os.environ.get("QDRANT_API_KEY"), overwrite=args.push_overwrite, switch=args.switch)
         where = "the index now lives there" if args.switch else f"serve it with HybridIndex.load({str(storage)!r}, qdrant_url={args.push!r})"
         _out(f"copied {copied} points to {args.push}; {where}")
     return EXIT_PARTIAL if failures else EXIT_OK
@@ -819,7 +856,11 @@ def build_parser() -> argparse.ArgumentParser:
     idx.add_argument("paths", nargs="*", help="files or folders (default with --config: its reader.paths)")
     idx.add_argument("--config", default=None, metavar="FILE", help=CONFIG_HELP)
     idx.add_argument("--storage", default=None, help="index folder (created, or updated in place); required without --config")
-    idx.add_argument("--parser", choices=["window", "hierarchy"], default=None, help="node parser (default: window, or the config's)")
+    idx.add_argument(
+        "--parser", choices=["window", "hierarchy"], default=None,
+        help="node parser (default: window, or the config's); an update keeps the index's chunking: "
+        "--parser / --chunk-* that differ from it are refused without --rebuild",
+    )
     idx.add_argument("--chunk-size", type=int, default=None, help="tokens per chunk (children for hierarchy)")
     idx.add_argument("--chunk-overlap", type=int, default=None, help="tokens of overlap")
     idx.add_argument("--rebuild", action="store_true", help="replace an existing index instead of updating it")
@@ -839,8 +880,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--push",
         default=None,
         metavar="URL",
-        help="after indexing, copy the embedded index's points to this Qdrant server (replacing its collection; "
-        "API key from $QDRANT_API_KEY); the folder keeps its own copy unless --switch",
+        help="after indexing, copy the embedded index's points to this Qdrant server, served as the index's "
+        "collection (default 'chunks'), replacing the copy this index pushed before; a collection of that name "
+        "written by another index or application is refused unless --push-overwrite (API key from "
+        "$QDRANT_API_KEY); the folder keeps its own copy unless --switch",
+    )
+    idx.add_argument(
+        "--push-overwrite",
+        action="store_true",
+        help="with --push: replace the server's collection of that name even when another index or application wrote it",
     )
     idx.add_argument("--switch", action="store_true", help="with --push: move the folder to the server for good")
     idx.add_argument(

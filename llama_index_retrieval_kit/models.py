@@ -130,13 +130,14 @@ def embedding_family(embed_model: Any) -> str:
 #: Settings of the HuggingFaceEmbedding family that change document vectors, with the value that
 #: means "as the model itself does" (``max_length`` None: the model's own ``max_seq_length``).
 HF_DOCUMENT_SETTINGS = {"normalize": True, "text_instruction": None, "max_length": None}
-#: Fields of an embedding class that never change a document vector: transport, batching,
-#: progress, caches, and what applies to queries only.
-RUNTIME_EMBEDDING_FIELDS = frozenset(
+#: Fields of other embedding classes known to change their document vectors (LlamaIndex's
+#: integrations name them so: OpenAI ``dimensions``, ``MockEmbedding.embed_dim``, Gemini
+#: ``output_dimensionality``, Cohere ``input_type`` ...). Only these are read: other fields may be
+#: transport settings or state (a call counter) that must not change the key.
+VECTOR_FIELDS = frozenset(
     {
-        "model_name", "embed_batch_size", "callback_manager", "num_workers", "embeddings_cache", "rate_limiter",
-        "cache_folder", "show_progress_bar", "device", "api_key", "api_base", "api_version", "timeout",
-        "max_retries", "reuse_client", "default_headers", "query_instruction", "query_backend", "class_name",
+        "dimensions", "embed_dim", "truncate_dim", "output_dimensionality", "normalize", "text_instruction",
+        "max_length", "pooling", "task_type", "input_type", "text_type", "embedding_type", "document_prefix",
     }
 )
 _JSON_SCALARS = (str, int, float, bool, type(None))
@@ -179,9 +180,8 @@ def document_vector_settings(embed_model: Any) -> dict[str, Any]:
     model's own behaviour (``{}`` for a model used as it comes).
 
     The HuggingFaceEmbedding family: :data:`HF_DOCUMENT_SETTINGS` (``max_length`` against the
-    model's own ``max_seq_length``). Any other class: its pydantic fields whose value differs from
-    the field's default, except :data:`RUNTIME_EMBEDDING_FIELDS` and values that are not plain
-    JSON (objects cannot be compared across processes).
+    model's own ``max_seq_length``). Any other class: its pydantic fields of :data:`VECTOR_FIELDS`
+    that are required or differ from the field's default (plain JSON values only).
     """
     out: dict[str, Any] = {}
     if embedding_family(embed_model) == "HuggingFaceEmbedding":
@@ -194,7 +194,7 @@ def document_vector_settings(embed_model: Any) -> dict[str, Any]:
                 out[name] = value
         return out
     for name, field in (getattr(type(embed_model), "model_fields", None) or {}).items():
-        if name in RUNTIME_EMBEDDING_FIELDS or name.startswith("onnx_"):
+        if name not in VECTOR_FIELDS:
             continue
         value = getattr(embed_model, name, None)
         if not _plain_json(value):

@@ -18,7 +18,7 @@ The file has one section per stage, in the shape of the design documents::
       chunk_size: 200
       chunk_overlap: 40
     embedding: {model: sentence-transformers/all-MiniLM-L6-v2}
-    index: {storage_dir: index/}    # + qdrant_url, qdrant_api_key_env, bm25_k1, bm25_b, build_hnsw
+    index: {storage_dir: index/}    # + qdrant_url, collection, qdrant_api_key_env, bm25_k1, bm25_b, build_hnsw
     retriever: {mode: hybrid, similarity_top_k: 5}   # + candidate_top_k, weights, rrf_k, dense_search, filters
     no_answer: {gate_path: gate.json}                # a calibrated gate (`rkit calibrate --config`), or similarity_cutoff
     reranker: {model: cross-encoder/ms-marco-MiniLM-L6-v2, backend: sentence_transformers, top_n: 5}
@@ -61,6 +61,7 @@ config instead.
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import math
 import os
@@ -235,6 +236,11 @@ class IndexConfig(_Section):
         default=None, description="Index folder (index.json, BM25, docstore, and Qdrant's data in local mode). Required to build or open."
     )
     qdrant_url: Optional[str] = Field(default=None, description="A Qdrant server for the vectors (default: local mode inside storage_dir).")
+    collection: Optional[str] = Field(
+        default=None,
+        description="Collection name (letters, digits, '_', '-'; default 'chunks'): on a Qdrant server, the name the index is "
+        "served under; two indexes on one server need two names (HybridIndex.from_documents(collection=)).",
+    )
     qdrant_api_key_env: Optional[str] = Field(
         default=None, description="Name of the environment variable holding the Qdrant API key (never the key itself)."
     )
@@ -252,6 +258,13 @@ class IndexConfig(_Section):
         if value is not None and not value.strip():
             raise ValueError("must be a non-empty string or null")
         return value
+
+    @field_validator("collection", mode="after")
+    @classmethod
+    def _collection_name(cls, value: Optional[str]) -> Optional[str]:
+        from .indices.hybrid_index import check_collection_name
+
+        return None if value is None else check_collection_name(value)
 
 
 class RetrieverConfig(_Section):
@@ -289,8 +302,11 @@ class RetrieverConfig(_Section):
     @field_validator("filters", mode="after")
     @classmethod
     def _check_filters(cls, value: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+        """Checked as MetadataFilters, and kept as a deep copy: the caller's nested filter
+        mappings edited afterwards (a template reused per tenant) do not reach this config."""
         if value is not None:
             _metadata_filters(value)
+            value = copy.deepcopy(value)
         return value
 
     @model_validator(mode="after")
@@ -452,8 +468,8 @@ class PipelineConfig(_Section):
         """
         if not isinstance(data, Mapping):
             raise PipelineConfigError(source, f"a pipeline config is a mapping of sections ({', '.join(SECTIONS)}), got {type(data).__name__} {data!r:.80}")
-        try:
-            config = cls.model_validate(dict(data))
+        try:  # a deep copy: the config shares no nested list or mapping with the caller's data
+            config = cls.model_validate(copy.deepcopy(dict(data)))
         except ValidationError as exc:
             raise _config_error(exc, source) from None
         if base_dir is not None:
@@ -628,6 +644,12 @@ def index_mismatches(config: PipelineConfig, index: Any) -> List[str]:
             problems.append(f"index.bm25_{key}: built with {bm25[key]!r}, the config says {wanted!r}")
     if (stored.get("qdrant_url") or None) != config.index.qdrant_url:
         problems.append(f"index.qdrant_url: built with {stored.get('qdrant_url')!r}, the config says {config.index.qdrant_url!r}")
+    if config.index.collection is not None and isinstance(stored.get("collection"), str):
+        from .indices.store import served_collection_name
+
+        built = served_collection_name(stored["collection"])  # a server index records its build collection
+        if built != config.index.collection:
+            problems.append(f"index.collection: built with {built!r}, the config says {config.index.collection!r}")
     return problems
 
 
@@ -738,6 +760,7 @@ def index_build_kwargs(config: PipelineConfig, embed_model: Any = None) -> Dict[
         "qdrant_url": config.index.qdrant_url,
         "qdrant_api_key": _api_key(config),
         "build_hnsw": bool(config.index.build_hnsw),
+        "collection": config.index.collection,
     }
 
 

@@ -68,6 +68,7 @@ from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.instrumentation.events.base import BaseEvent
 from llama_index.core.instrumentation.events.query import QueryEndEvent, QueryStartEvent
 from llama_index.core.instrumentation.events.retrieval import RetrievalEndEvent, RetrievalStartEvent
+from llama_index.core.instrumentation.events.span import SpanDropEvent
 from llama_index.core.instrumentation.span import active_span_id
 from llama_index.core.schema import NodeWithScore, QueryBundle
 from typing_extensions import Annotated, NotRequired, TypedDict
@@ -864,14 +865,25 @@ def snapshot(results: Sequence[NodeWithScore]) -> Snapshot:
     """The results' ids, scores and fusion / rerank attributes as they are now (later stages may rescore in place).
 
     The node columns (:func:`snapshot_columns`) and per-node entries (:func:`from_snapshot`) are
-    built from it only when a record is read or written. The leg rank and score mappings are the
-    results' own (fusion makes them once per result); they are copied when read.
+    built from it only when a record is read or written. The leg rank and score mappings are
+    copied now (two small dicts per fused result, ~0.1 us): the results' own are the caller's to
+    edit in place afterwards, which must not rewrite what the stage recorded; an empty or missing
+    mapping is kept as None (no leg ranks, as the columns read it).
     """
     values: List[Any] = []
     extend = values.extend
     for r in results:
         f = r.__dict__  # not getattr: a missing attribute costs a pydantic AttributeError (microseconds)
-        extend((f["node"].node_id, f["score"], f.get("leg_ranks"), f.get("leg_scores"), f.get("pre_rerank_rank")))
+        ranks = f.get("leg_ranks")
+        if ranks:
+            scores = f.get("leg_scores")
+            try:  # fusion's dicts
+                ranks, scores = ranks.copy(), scores.copy()
+            except AttributeError:  # another mapping, or no scores
+                ranks, scores = dict(ranks), None if scores is None else dict(scores)
+            extend((f["node"].node_id, f["score"], ranks, scores, f.get("pre_rerank_rank")))
+        else:
+            extend((f["node"].node_id, f["score"], None, None, f.get("pre_rerank_rank")))
     return tuple(values)
 
 
@@ -1422,6 +1434,7 @@ class _Route(int, Enum):
     QUERY_END = 3
     RETRIEVAL_START = 4
     RETRIEVAL_END = 5
+    SPAN_DROP = 6
 
 
 _ROUTES: Dict[type, _Route] = {}  # event class -> route (a collector sees every event: one dict lookup each)
@@ -1431,7 +1444,8 @@ def _route(cls: type) -> _Route:
     """The :class:`_Route` of events of ``cls`` (cached per class)."""
     for base, route in ((StageTraceEvent, _Route.STAGE), (NodesDroppedEvent, _Route.IGNORE),
                         (QueryStartEvent, _Route.QUERY_START), (QueryEndEvent, _Route.QUERY_END),
-                        (RetrievalStartEvent, _Route.RETRIEVAL_START), (RetrievalEndEvent, _Route.RETRIEVAL_END)):
+                        (RetrievalStartEvent, _Route.RETRIEVAL_START), (RetrievalEndEvent, _Route.RETRIEVAL_END),
+                        (SpanDropEvent, _Route.SPAN_DROP)):
         if issubclass(cls, base):
             break
     else:
@@ -1530,8 +1544,23 @@ class TraceCollector(BaseEventHandler):
         elif route is _Route.RETRIEVAL_START:
             if self.__pydantic_private__["_current"].get() is None:
                 self._begin(_query_text(event.str_or_query_bundle), event.span_id, owner=event.span_id)
+        elif route is _Route.SPAN_DROP:
+            self._drop_failed(event.span_id, event.err_str)
         else:
             self._end(event.span_id, None, query_end=False)
+
+    def _drop_failed(self, span_id: Optional[str], error: str) -> None:
+        """The span of an open trace ended with an exception (LlamaIndex's ``SpanDropEvent``; no
+        end event follows): forget that trace and the ones it opened, so that later queries of
+        this context (a server's worker thread) are traced again instead of piling into it."""
+        current = self.__pydantic_private__["_current"]
+        open_ = current.get()
+        while open_ is not None:
+            if span_id is not None and span_id in (open_.span_id, open_.owner):
+                current.set(open_.previous)
+                logger.debug("trace of %r dropped: its query failed (%s)", (open_.query_str or "")[:80], error[:200])
+                return
+            open_ = open_.previous
 
     def _begin(self, query_str: Optional[str], span_id: Optional[str], owner: Optional[str]) -> None:
         current = self.__pydantic_private__["_current"]  # not self._current: pydantic's __getattr__ on every event

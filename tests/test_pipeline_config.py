@@ -667,3 +667,25 @@ def test_build_hnsw_in_the_config_runs_the_engine_optimisers_after_a_build_and_a
         assert len(runs) == (2 if build_hnsw else 0)  # after the build and after the update
     with pytest.raises(Exception, match="build_hnsw"):
         PipelineConfig.model_validate({"index": {"storage_dir": "x", "build_hnsw": "sometimes"}})
+
+
+def test_a_config_shares_nothing_with_the_data_it_was_read_from() -> None:
+    """A caller reusing its filter template per tenant: each validated config keeps the filters
+    it was built with, and a later edit of the caller's data never reaches it (nor breaks it)."""
+    template = {"filters": [{"key": "tenant", "value": None, "operator": "=="}]}
+    configs = {}
+    for tenant in ("A", "B"):
+        template["filters"][0]["value"] = tenant
+        configs[tenant] = PipelineConfig.from_dict(
+            {"index": {"storage_dir": "ix"}, "retriever": {"mode": "sparse", "filters": template}}
+        )
+    template["filters"][0]["operator"] = "not-an-operator"
+    for tenant, config in configs.items():
+        assert config.retriever.as_retriever_kwargs()["filters"].filters[0].value == tenant
+    # the section built directly keeps its own copy too
+    direct_filters = {"filters": [{"key": "tenant", "value": "A"}]}
+    from llama_index_retrieval_kit.pipeline import RetrieverConfig
+
+    section = RetrieverConfig(mode="sparse", filters=direct_filters)
+    direct_filters["filters"][0]["value"] = "B"
+    assert section.filters == {"filters": [{"key": "tenant", "value": "A"}]}

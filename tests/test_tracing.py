@@ -544,6 +544,36 @@ def test_records_keep_what_the_stage_saw(sample_index: HybridIndex, gate: NoAnsw
     assert [n["source_ids"] for n in context_trace.stage("context").outputs] == sources
 
 
+
+def test_records_keep_the_leg_ranks_and_scores_the_stage_saw(
+    sample_index: HybridIndex, gate: NoAnswerPostprocessor, tmp_path: Path
+) -> None:
+    """The fused results' ``leg_ranks`` / ``leg_scores`` dicts edited in place after the stages ran
+    (a user postprocessor renaming legs): the fusion, gate and rerank records and the JSON line
+    keep what each stage saw."""
+    query = QueryBundle(ANSWERABLE[1])
+    writer = JsonlTraceWriter(path=str(tmp_path / "traces.jsonl"), flush_interval_s=3600.0)
+    with collect_traces() as collector, writer:
+        nodes = sample_index.as_retriever("hybrid", similarity_top_k=8).retrieve(query)
+        gate.postprocess_nodes(nodes, query_bundle=query)
+        reranked = [NodeWithScore(node=r.node, score=r.score) for r in reversed(nodes[:2])]
+        for rank, r in zip((2, 1), reranked):
+            r.__dict__.update(pre_rerank_rank=rank, leg_ranks=nodes[rank - 1].leg_ranks, leg_scores=nodes[rank - 1].leg_scores)
+        tracing.emit(tracing.rerank_record(SimpleNamespace(last_stats=None, top_n=2, latency_budget_ms=None, model="m"), query, nodes, reranked, 1.0))
+        seen = [(dict(r.leg_ranks), dict(r.leg_scores)) for r in nodes]
+        assert seen and all(ranks for ranks, _ in seen)
+        for r in nodes:
+            r.leg_ranks["bm25"] = 999
+            r.leg_scores.clear()
+    retrieval, gate_trace, rerank_trace = collector.traces
+    for rows in (retrieval.stage("fusion").outputs, gate_trace.stage("no_answer").inputs, rerank_trace.stage("rerank").inputs):
+        assert [(n["leg_ranks"], n["leg_scores"]) for n in rows] == seen
+    assert [(n["leg_ranks"], n["leg_scores"]) for n in rerank_trace.stage("rerank").outputs] == [seen[1], seen[0]]
+    line = json.loads((tmp_path / "traces.jsonl").read_text().splitlines()[0])
+    fusion = next(s for s in line["stages"] if s["name"] == "fusion")["outputs"]
+    assert list(zip(fusion["leg_ranks"], fusion["leg_scores"])) == seen
+
+
 _legs = st.dictionaries(st.sampled_from(["bm25", "dense"]), st.integers(1, 50), min_size=1)
 
 
@@ -668,3 +698,35 @@ def test_a_failed_write_keeps_the_lines_and_a_bad_trace_is_skipped(tmp_path: Pat
     _stage_only_traces(writer, ["c"])
     assert [t.query_str for t in read_traces(path)] == ["a", "c"]
     assert "cannot be serialised" in caplog.text
+
+
+def test_a_failed_query_does_not_swallow_the_traces_of_later_ones(sample_index: HybridIndex) -> None:
+    """A query that raises emits no end event (LlamaIndex drops its span): its open trace must not
+    stay open in that context (a server's worker thread) and collect every later query's stages."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from llama_index.core.postprocessor.types import BaseNodePostprocessor
+
+    class Fails(BaseNodePostprocessor):
+        def _postprocess_nodes(self, nodes, query_bundle=None):
+            raise RuntimeError("postprocessor failed")
+
+    failing = RetrieverQueryEngine.from_args(
+        sample_index.as_retriever("hybrid", similarity_top_k=3), llm=MockLLM(max_tokens=5), node_postprocessors=[Fails()]
+    )
+    working = RetrieverQueryEngine.from_args(sample_index.as_retriever("hybrid", similarity_top_k=3), llm=MockLLM(max_tokens=5))
+
+    def fail() -> None:
+        with pytest.raises(RuntimeError, match="postprocessor failed"):
+            failing.query("late payment fee")
+
+    with TraceCollector() as collector, ThreadPoolExecutor(max_workers=1) as worker:
+        worker.submit(fail).result()
+        assert collector.traces == []
+        for i in range(3):
+            worker.submit(lambda i=i: sample_index.as_retriever("hybrid", similarity_top_k=3).retrieve(f"annual fee {i}")).result()
+        response = worker.submit(lambda: working.query("annual fee")).result()
+        traces = collector.traces
+        assert [t.query_str for t in traces] == ["annual fee 0", "annual fee 1", "annual fee 2", "annual fee"]
+        assert response.metadata["trace"]["query_str"] == "annual fee"
+        assert all(t.stages for t in traces)

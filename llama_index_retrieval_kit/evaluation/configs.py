@@ -37,6 +37,7 @@ value and the allowed ones.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
@@ -128,8 +129,10 @@ class EvalConfig:
             raise ConfigError(self.source, f"unknown retriever {self.retriever!r}; choose one of {list(RETRIEVERS)}", "retriever")
         if self.node_parser not in PARSER_CLASSES:
             raise ConfigError(self.source, f"unknown class {self.node_parser!r}; choose one of {list(PARSER_CLASSES)}", "node_parser")
-        object.__setattr__(self, "parser_args", dict(self.parser_args))
-        object.__setattr__(self, "postprocessors", tuple(dict(spec) for spec in self.postprocessors))
+        # Deep copies: the config shares no nested list or mapping with the caller's data (a
+        # heading_patterns list edited afterwards must not change this config or its chunking key).
+        object.__setattr__(self, "parser_args", copy.deepcopy(dict(self.parser_args)))
+        object.__setattr__(self, "postprocessors", tuple(copy.deepcopy(dict(spec)) for spec in self.postprocessors))
 
     @property
     def uses_hybrid_index(self) -> bool:

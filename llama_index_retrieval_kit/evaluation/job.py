@@ -260,16 +260,16 @@ def read_inputs_record(path: Path) -> dict[str, Any]:
     return recorded
 
 
-def _reset_keeping_cache(storage: Path) -> None:
-    """Empty ``storage`` except its embeddings.sqlite (so a rebuild re-embeds nothing it had)."""
+def _reset_keeping_cache(storage: Path) -> Path:
+    """Empty ``storage``, keeping its embeddings.sqlite beside it: returns that file, the cache the
+    rebuild starts from (``from_documents(embedding_cache=)``), so it re-embeds nothing it had."""
     cache = storage / "embeddings.sqlite"
     kept = storage.parent / f".{storage.name}.embeddings.sqlite"
     if cache.exists():
         shutil.move(str(cache), str(kept))
     shutil.rmtree(storage, ignore_errors=True)
     storage.mkdir(parents=True, exist_ok=True)
-    if kept.exists():
-        shutil.move(str(kept), str(cache))
+    return kept
 
 
 # --------------------------------------------------------------------------------------------
@@ -343,10 +343,10 @@ def open_hybrid_index(
                 logger.warning("cannot reopen %s (%s: %s); rebuilding it", storage, type(exc).__name__, exc)
         else:
             logger.info("%s was built from other inputs; rebuilding it (cached embeddings are kept)", storage)
-    _reset_keeping_cache(storage)
+    kept = _reset_keeping_cache(storage)
     for seed in seed_caches:
-        merge_embedding_cache(seed, storage / "embeddings.sqlite")
-    before = cache_size(storage / "embeddings.sqlite")
+        merge_embedding_cache(seed, kept)
+    before = cache_size(kept)
     index = HybridIndex.from_documents(
         documents,
         storage,
@@ -355,7 +355,9 @@ def open_hybrid_index(
         bm25_k1=config.bm25_k1,
         bm25_b=config.bm25_b,
         show_progress=show_progress,
+        embedding_cache=kept if kept.exists() else None,
     )
+    kept.unlink(missing_ok=True)  # its vectors are in the index's cache now
     embedded = cache_size(storage / "embeddings.sqlite") - before
     inputs_path.write_text(json.dumps(record, indent=2), encoding="utf-8")
     return index, embedded, False

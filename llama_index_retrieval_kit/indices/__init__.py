@@ -11,6 +11,7 @@ _EXPORTS = {
     "embed_texts": ".embedding_cache",
     "RETRIEVER_MODES": ".hybrid_index",
     "RETRIEVER_OPTIONS": ".hybrid_index",
+    "ChunkIdConflictError": ".hybrid_index",
     "DocumentIdConflictError": ".hybrid_index",
     "HybridIndex": ".hybrid_index",
     "IndexBusyError": ".hybrid_index",
@@ -26,6 +27,7 @@ __all__ = [
     "HybridIndex",
     "RETRIEVER_MODES",
     "RETRIEVER_OPTIONS",
+    "ChunkIdConflictError",
     "DocumentIdConflictError",
     "IndexBusyError",
     "IndexManifest",
@@ -45,6 +47,7 @@ if TYPE_CHECKING:  # the real imports, for type checkers and IDEs
     from .hybrid_index import (
         RETRIEVER_MODES,
         RETRIEVER_OPTIONS,
+        ChunkIdConflictError,
         DocumentIdConflictError,
         HybridIndex,
         IndexBusyError,

@@ -23,7 +23,8 @@ checked on open (a damaged folder is a :class:`~.storage.DamagedIndexError` nami
 the rebuild command; folders written before checksums load unverified until their next write);
 generation files and directory entries are fsynced; one writer at a time (threads of a process,
 and processes through ``.write.lock``); :meth:`HybridIndex.from_documents` builds in a sibling
-folder and renames it into place when complete. When a roll-back cannot be written (disk full),
+folder and moves it into place when complete, replacing only the index's own entries of the folder
+(:func:`.storage.publish_into`: the user's files there are never moved or deleted). When a roll-back cannot be written (disk full),
 the index opens read-only on the committed state.
 
 Nothing :meth:`HybridIndex.load` reads is unpickled: the manifest and docstore are JSON, the BM25
@@ -42,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import logging
 import math
 import os
@@ -50,7 +52,7 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 from llama_index.core.base.base_retriever import BaseRetriever
@@ -73,6 +75,7 @@ from ..retrievers.fused_index import FusedIndexRetriever
 from ..retrievers.fusion import DEFAULT_FEEDBACK_DEPTH, DEFAULT_RRF_K, IndexFusion
 from ..retrievers.hybrid import HybridRetriever
 from ..retrievers.node_copy import copy_node
+from ..retrievers.node_identity import ChunkIdConflictError, check_chunk_ids  # noqa: F401 (public here: indices.ChunkIdConflictError)
 from ..retrievers.qdrant_hybrid import QdrantDenseRetriever, QdrantHybridRetriever, token_id
 from . import storage as _storage
 from . import store as _store
@@ -80,6 +83,8 @@ from .docstore import IndexDocumentStore
 from .embedding_cache import EmbeddingCache, embed_texts, model_key, text_key
 from .journal import WriteJournal, read_generation, split_touched
 from .manifest import COLLECTION, FORMAT_VERSION, READABLE_FORMATS, BM25Settings, IndexManifest, PendingWrite
+from .manifest import new_index_id
+from .manifest import new_build_id
 from .rwlock import ReadWriteLock
 
 logger = logging.getLogger(__name__)
@@ -99,35 +104,69 @@ def _describe_model(class_name: Optional[str], name: str) -> str:
     return f"{name!r} ({class_name})" if class_name else repr(name)
 
 
-def _prepare_build_folder(build: Path, storage: Path) -> None:
-    """Empty the build folder of an earlier, interrupted build, keeping its embedding cache; with
-    no cache there, start from the cache in ``storage``: a copy when it belongs to the index
-    being replaced (untouched until the new one is complete), else the file itself."""
+def _check_embedding_cache(embedding_cache: Any) -> Optional[Path]:
+    """``from_documents(embedding_cache=)`` as a path to an existing file (None: none given)."""
+    if embedding_cache is None:
+        return None
+    if not isinstance(embedding_cache, (str, os.PathLike)):
+        raise TypeError(f"embedding_cache must be a path (str or Path) to an embeddings.sqlite, got {embedding_cache!r}")
+    path = Path(embedding_cache)
+    if not path.is_file():
+        raise ValueError(f"embedding_cache {str(path)!r} is not a file: pass the path of an embedding cache (an index's embeddings.sqlite)")
+    return path
+
+
+def _seed_embedding_cache(dest: Path, source: Path) -> None:
+    """Add to the cache file ``dest`` the vectors of the cache file ``source`` it lacks: a copy
+    (SQLite backup) when ``dest`` does not exist, else ``INSERT OR IGNORE``. ``source`` is opened
+    read-only and never changed; one that is not an embedding cache is a ValueError naming it, and
+    ``dest`` stays as it was."""
+    uri = f"{source.resolve().as_uri()}?mode=ro"
+    created = not dest.exists()
+    try:
+        with contextlib.closing(sqlite3.connect(uri, uri=True)) as src:
+            columns = [row[1] for row in src.execute("PRAGMA table_info(vectors)").fetchall()]
+            if columns != ["model", "key", "dim", "vector"]:
+                raise ValueError(f"{source} is not an embedding cache (it has no vectors(model, key, dim, vector) table)")
+            if created:
+                with contextlib.closing(sqlite3.connect(str(dest))) as dst:
+                    src.backup(dst)
+                return
+        EmbeddingCache(dest).close()  # the table, when missing
+        with contextlib.closing(sqlite3.connect(dest.resolve().as_uri(), uri=True)) as dst:
+            dst.execute("ATTACH DATABASE ? AS seed", (uri,))
+            with dst:
+                dst.execute("INSERT OR IGNORE INTO vectors (model, key, dim, vector) SELECT model, key, dim, vector FROM seed.vectors")
+            dst.execute("DETACH DATABASE seed")
+    except (sqlite3.Error, ValueError) as exc:
+        if created:
+            for part in dest.parent.glob(dest.name + "*"):
+                part.unlink(missing_ok=True)
+        if isinstance(exc, ValueError):
+            raise
+        raise ValueError(f"{source} is not a readable embedding cache ({type(exc).__name__}: {exc})") from None
+
+
+def _prepare_build_folder(build: Path, storage: Path, embedding_cache: Optional[Path] = None) -> None:
+    """Empty the build folder of an earlier, interrupted build, keeping its embedding cache, and
+    add to that cache the vectors of ``embedding_cache`` (a file the caller named) and, when the
+    build kept none, of the cache in ``storage`` when it is the index's own (the index being
+    replaced, untouched until the new one is complete) or one an interrupted publish left there.
+    A cache file in a folder holding no index is the user's: never read, moved or changed."""
     kept = _storage.clear_build_folder(build, keep_prefix="embeddings.sqlite")
-    source = storage / "embeddings.sqlite"
-    if kept or not source.is_file():
-        if kept:
-            logger.info("%s: reusing the embedding cache of an interrupted build", build)
-        return
     dest = build / "embeddings.sqlite"
-    if not (storage / "index.json").exists():
-        for part in sorted(storage.glob("embeddings.sqlite*")):  # with its journal, if any
-            os.replace(part, build / part.name)
+    if kept:
+        logger.info("%s: reusing the embedding cache of an interrupted build", build)
+    if embedding_cache is not None:
+        _seed_embedding_cache(dest, embedding_cache)
+    source = storage / "embeddings.sqlite"
+    ours = (storage / _storage.MANIFEST).exists() or source.name in _storage.publish_leftovers(storage)
+    if kept or not ours or not source.is_file():
         return
     try:
-        src = sqlite3.connect(f"{source.resolve().as_uri()}?mode=ro", uri=True)
-        try:
-            dst = sqlite3.connect(str(dest))
-            try:
-                src.backup(dst)
-            finally:
-                dst.close()
-        finally:
-            src.close()
-    except sqlite3.Error as exc:
+        _seed_embedding_cache(dest, source)
+    except ValueError as exc:
         logger.warning("%s: not reusing the embedding cache of the replaced index (%s)", source, exc)
-        for leftover in build.glob("embeddings.sqlite*"):
-            leftover.unlink(missing_ok=True)
 
 
 def _exclusive_write(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -158,11 +197,72 @@ def server_client(url: str, api_key: Optional[str] = None) -> Any:
     return QdrantClient(url=url, api_key=api_key)
 
 
+def check_collection_name(name: Any, served: bool = False) -> str:
+    """``name`` when it can name an index's collection: letters, digits, '_' and '-'
+    (``storage.SAFE_NAME``), not in the form of a build collection (``<name>-<12 hex digits>``), and
+    with ``served`` (served on a server) at most ``store.MAX_SERVED_NAME`` characters."""
+    longest = _store.MAX_SERVED_NAME if served else 128
+    if not isinstance(name, str) or not _storage.SAFE_NAME.fullmatch(name) or len(name) > longest:
+        raise ValueError(f"collection must be letters, digits, '_' and '-' (at most {longest}), got {name!r}")
+    if _store.is_build_collection_name(name):
+        raise ValueError(
+            f"collection {name!r} ends in '-' and {_store.BUILD_SUFFIX_HEX} hex digits, the form of the collections "
+            "this package builds on a server; choose another name"
+        )
+    return name
+
+
+class CollectionPlan(NamedTuple):
+    """Where :meth:`HybridIndex.from_documents` writes (see :class:`.store.ServerCollections`)."""
+
+    name: str  # the name it is served under (on a server, an alias)
+    collection: str  # what index.json records: ``name`` when embedded, a new build collection on a server
+    index_id: str  # the index's id: the replaced index's, else new
+    url: Optional[str]  # the Qdrant server, or None
+    replaced: Optional[str]  # the replaced index's collection on that server, checked to be its own
+
+
+def _replaced_manifest(storage: Path) -> Optional[IndexManifest]:
+    """The manifest of the index a rebuild replaces, or None (none there, or unreadable: a damaged
+    folder is rebuilt without taking anything from it)."""
+    path = storage / _storage.MANIFEST
+    if not path.exists():
+        return None
+    try:
+        return IndexManifest.read(path, READABLE_FORMATS)
+    except (ValueError, OSError) as exc:  # DamagedIndexError is a ValueError
+        logger.warning("%s: the replaced index's manifest is unreadable (%s); its server collection, if any, is left alone", path, exc)
+        return None
+
+
+def _own_server_collection(names: "_store.ServerCollections", old: Optional[IndexManifest], url: str, index_id: str) -> Optional[str]:
+    """The collection the replaced index ``old`` reads on the server ``url`` when it is provably
+    its own: marked with its id, or (an index written before ids) unmarked and holding exactly its
+    chunks. None otherwise: then nothing of it is deleted."""
+    if old is None or old.qdrant_url != url or names.target(old.collection) != old.collection:
+        return None
+    owner = names.owner(old.collection)
+    if owner is not None:
+        return old.collection if owner == index_id else None
+    if old.index_id is not None:
+        return None
+    chunks = old.integrity.chunks if old.integrity is not None else None
+    return old.collection if chunks is None or names.count(old.collection) == chunks else None
+
+
 class IndexBusyError(RuntimeError):
     """The index folder is open elsewhere (the embedded Qdrant Edge shard opens in one place at a time)."""
 
-    def __init__(self, storage_dir: Path) -> None:
+    def __init__(self, storage_dir: Path, rebuilding: bool = False) -> None:
+        """``rebuilding``: a rebuild (``from_documents(overwrite=True)``) found the index open."""
         self.storage_dir = Path(storage_dir)
+        if rebuilding:
+            super().__init__(
+                f"cannot rebuild the index in {storage_dir}: it is open in another process (or another HybridIndex "
+                "in this one), which would write over the new index: close it there (index.close(), or end that "
+                "process), then build again"
+            )
+            return
         super().__init__(
             f"index {storage_dir} is open in another process (or another HybridIndex in this one) and the "
             "embedded store allows one at a time: close the other one (index.close(), or end that process), "
@@ -207,6 +307,16 @@ READ_ONLY_ADVICE = (
     "mode='hybrid' (or dense, sparse, hybrid_score, hybrid_rrf) here"
 )
 SERVED_ELSEWHERE_ADVICE = "Write through a HybridIndex.load of the folder without qdrant_url="
+REBUILT_ADVICE = "Open it again with HybridIndex.load to use the new index"
+PUSH_OVERWRITE_ADVICE = (
+    "push_to replaces only a collection this index wrote itself. Push under another name (collection=...), or "
+    "replace it with overwrite=True (rkit index --push URL --push-overwrite)"
+)
+BUILD_FOREIGN_ADVICE = (
+    "a build never replaces a collection another index or application wrote. Build into another one "
+    "(from_documents(collection=...), index.collection in a pipeline config), or delete that one on the server "
+    "first if nothing uses it"
+)
 #: How often :func:`_read_committed` reads ``index.json`` again when the generation it named was
 #: replaced by another process's commit while being read.
 GENERATION_READ_ATTEMPTS = 5
@@ -309,6 +419,26 @@ def check_unique_document_ids(documents: Sequence[Document]) -> None:
             f"documents with the same id in one upsert: {'; '.join(clashes[:5])}. Give each document its own "
             "id: read a folder (ids are paths relative to it) or pass doc_id_func=... to the reader"
         )
+
+
+#: Node parser settings that do not change the chunks (LlamaIndex serialises id_func in a form it
+#: cannot load back; this package's parsers ignore it: their ids derive from the span).
+NODE_PARSER_NON_SETTINGS = ("callback_manager", "id_func")
+
+
+def node_parser_changes(built: Dict[str, Any], given: Dict[str, Any]) -> List[str]:
+    """How the parser ``given`` (its ``to_dict()``) chunks otherwise than the one an index was
+    built with (``built``: ``node_parser`` of ``index.json``), as ``"key: built with X, given Y"``.
+
+    Compared as JSON: ``class_name``, then every setting both record (one that only one side
+    records, added in another version, keeps its default there), except
+    :data:`NODE_PARSER_NON_SETTINGS`. Empty: the same chunking.
+    """
+    built, given = (json.loads(json.dumps(d, default=repr)) for d in (built, given))
+    if built.get("class_name") != given.get("class_name"):
+        return [f"class: built with {built.get('class_name')}, given {given.get('class_name')}"]
+    shared = sorted((set(built) & set(given)) - set(NODE_PARSER_NON_SETTINGS) - {"class_name"})
+    return [f"{key}: built with {built[key]!r}, given {given[key]!r}" for key in shared if built[key] != given[key]]
 
 
 #: Options each retriever mode takes besides ``similarity_top_k``, ``filters``,
@@ -433,6 +563,7 @@ class HybridIndex:
         # One writer at a time, for a whole upsert/delete: this process's threads and other processes.
         self._write_guard = _storage.WriteGuard(Path(storage_dir) / _storage.WRITE_LOCK)
         self._read_only: Optional[str] = None  # why this object may not write or search the point store
+        self._read_only_advice: Optional[str] = None  # what to do about it (None: IndexReadOnlyError's default)
         self._unindexed_hinted = False
         self._opened_read_only = False  # load(read_only=True): no shard, no lock, no write
         self._served_elsewhere: Optional[str] = None  # why this object may not write (load(qdrant_url=) of an embedded folder)
@@ -508,6 +639,8 @@ class HybridIndex:
         overwrite: bool = False,
         show_progress: bool = False,
         build_hnsw: bool = False,
+        collection: Optional[str] = None,
+        embedding_cache: Optional[str | Path] = None,
     ) -> "HybridIndex":
         """Chunk, embed and index ``documents`` into a new ``storage_dir``.
 
@@ -517,29 +650,45 @@ class HybridIndex:
         ``node_parser`` to ``Settings.node_parser`` when you set one (``Settings.chunk_size`` /
         ``chunk_overlap`` set LlamaIndex's ``SentenceSplitter``), else :class:`SectionWindowNodeParser`.
 
-        The index is built in a sibling folder (``.<name>.building``) and renamed to
+        The index is built in a sibling folder (``.<name>.building``) and moved to
         ``storage_dir`` only when complete, so an interrupted or failed build leaves any previous
         index untouched and never a half-built one. Building again reuses the embeddings the
-        interrupted build computed (and, with ``overwrite=True``, those of the replaced index).
+        interrupted build computed (and, with ``overwrite=True``, those of the replaced index);
+        ``embedding_cache`` names another cache file (an index's ``embeddings.sqlite``) whose
+        vectors the build starts from (read, never changed).
+
+        Only the index's own entries of ``storage_dir`` (``index.json``, ``edge/``, ``bm25/``,
+        ``docstore/``, ``embeddings.sqlite``: :data:`.storage.INDEX_ENTRIES`) are ever replaced or
+        deleted; the folder's other files (your documents, notes) stay where they are. A folder
+        without an index that holds entries of those names is refused (ValueError) before anything
+        is embedded, and so is a rebuild of an index open for writing in another process
+        (:class:`IndexBusyError`): an open index that finds its folder rebuilt turns read-only.
 
         ``build_hnsw=True`` also builds the embedded engine's HNSW index before the folder is
         published (:meth:`optimize`; ignored with ``qdrant_url=``, a server indexes on its own).
         Off by default: the default modes search the vectors exactly in memory and never use it,
         and it is most of the build time at scale (96 of 224 s at 162k chunks, docs/benchmarks.md);
         only ``qdrant_hybrid`` and ``dense_search="qdrant"`` use it, and they scan exactly without it.
+
+        ``collection``: the collection name (letters, digits, '_', '-'; default ``"chunks"``, or the
+        replaced index's). With ``qdrant_url``, the points go to a new collection ``<collection>-<12
+        hex digits>`` marked with the index's id, served as ``collection`` (an alias) once the folder
+        is published, when the collection it replaces is deleted (:class:`.store.ServerCollections`).
+        A ``collection`` already on the server that is not the replaced index's own is refused
+        (:class:`.store.ForeignCollectionError`): two indexes never share one.
         """
         if not isinstance(build_hnsw, bool):
             raise TypeError(f"build_hnsw must be True or False, got {build_hnsw!r}")
         storage = Path(storage_dir)
         if storage.is_symlink() or storage.name in ("", ".."):  # build next to the real folder
             storage = storage.resolve()
-        if (storage / "index.json").exists() and not overwrite:
-            raise ValueError(
-                f"{storage} already holds an index; open it with HybridIndex.load({str(storage)!r}) and "
-                "upsert(), or pass overwrite=True to rebuild it"
-            )
-        if storage.exists() and not storage.is_dir():
-            raise ValueError(f"{storage} is a file, not a folder: choose another storage_dir")
+        # Before the model loads and anything is embedded (and again at publish, under the folder's lock).
+        _storage.check_build_target(storage, overwrite)
+        if (storage / _storage.MANIFEST).exists():  # a rebuild of an index open elsewhere: refused now, and at publish
+            busy = cls._take_store_lock(storage)
+            if busy is not None:
+                busy.release()
+        seed_cache = _check_embedding_cache(embedding_cache)
         embed_model = embed_model or settings_embed_model() or default_embed_model()
         if node_parser is None:
             node_parser = settings_node_parser()  # Settings.node_parser / chunk_size, when the user set them
@@ -549,6 +698,7 @@ class HybridIndex:
         tokenizer_config = tokenizer_config or BM25TokenizerConfig()
         check_positive_int("embed_batch_size", embed_batch_size)
         bm25 = BM25Retriever([], tokenizer_config=tokenizer_config, k1=bm25_k1, b=bm25_b)  # checks k1 and b
+        plan = cls._plan_collection(storage, collection, qdrant_url, qdrant_api_key, overwrite)
         manifest = IndexManifest(
             format_version=FORMAT_VERSION,
             embed_model=embed_model_name(embed_model),
@@ -557,14 +707,16 @@ class HybridIndex:
             bm25=BM25Settings(k1=bm25_k1, b=bm25_b, method="lucene"),
             bm25_tokenizer=tokenizer_config.to_persisted(),
             qdrant_url=qdrant_url,
-            collection=COLLECTION,
+            collection=plan.collection,
+            index_id=plan.index_id,
             embed_batch_size=embed_batch_size,
+            build_id=new_build_id(),
         )
         build = _storage.building_dir(storage)
         build.mkdir(parents=True, exist_ok=True)
         guard = _storage.WriteGuard(build / _storage.WRITE_LOCK, timeout=0)  # one build per folder at a time
         with guard.hold():
-            _prepare_build_folder(build, storage)
+            _prepare_build_folder(build, storage, seed_cache)
             store = cls._open_store(build, manifest, qdrant_api_key)
             try:
                 index = cls(build, manifest, embed_model, node_parser, store, bm25, IndexDocumentStore(), tokenizer_config)
@@ -582,35 +734,38 @@ class HybridIndex:
                     # embedding), so that every retriever mode answers [] instead of "not found".
                     index._ensure_collection(len(embed_model.get_text_embedding("dimension probe")))
                     index._journal.save(index.manifest)
-                index._publish_build(storage, qdrant_api_key)
+                index._publish_build(storage, qdrant_api_key, overwrite)
+                index._serve_build(plan)
             except BaseException:
                 index.close()  # release the Qdrant lock: the caller never gets this object
+                cls._drop_unpublished_collection(plan, storage, qdrant_api_key)
                 raise
         guard.retarget(storage / _storage.WRITE_LOCK)
         guard.timeout = None  # the build's no-wait rule ends with the build: later writes wait as documented
         return index
 
-    def _publish_build(self, storage: Path, qdrant_api_key: Optional[str]) -> None:
+    def _publish_build(self, storage: Path, qdrant_api_key: Optional[str], overwrite: bool) -> None:
         """Move this complete index from its build folder to ``storage`` and reopen it there.
 
-        A replaced index is moved aside (under its write lock, so no write of another process is
-        cut in half) and deleted only once the new one is in place.
+        A missing ``storage`` is one rename. Into an existing folder (:func:`.storage.publish_into`:
+        only index entries move, the replaced ones are deleted once the new index is in place), under
+        the folder's write lock (a write of another process finishes first) and its store lock
+        (:meth:`_lock_for_replacing`), the checks of :meth:`from_documents` are made again first:
+        another build may have published there since (a ValueError without ``overwrite``).
         """
         self.store.close()
         self.cache.close()
-        old_lock = None
-        if (storage / "index.json").exists():
-            old_lock = _storage.FileLock(storage / _storage.WRITE_LOCK)
-            old_lock.acquire(_storage.DEFAULT_LOCK_TIMEOUT)  # a write of another process finishes first
-            if os.name == "nt":  # Windows cannot rename a folder with an open file in it
-                old_lock.release()
-                old_lock = None
-        try:
-            _storage.publish_folder(self.storage_dir, storage)
-        finally:
-            if old_lock is not None:
-                old_lock.release()
-        _storage.remove_path(_storage.replaced_dir(storage))
+        if not _storage.publish_new_folder(self.storage_dir, storage):
+            locks = self._lock_for_replacing(storage)
+            try:
+                _storage.check_build_target(storage, overwrite)
+                if os.name == "nt":  # Windows cannot rename a folder with an open file in it
+                    for lock in locks:
+                        lock.release()
+                _storage.publish_into(self.storage_dir, storage, self.manifest.build_id or "")
+            finally:
+                for lock in reversed(locks):
+                    lock.release()
         self.storage_dir = storage
         self._journal = WriteJournal(storage, self.manifest)
         self.cache = EmbeddingCache(storage / "embeddings.sqlite")
@@ -618,6 +773,36 @@ class HybridIndex:
         self.store = self._open_store(storage, self.manifest, qdrant_api_key)
         self._finalizer.detach()
         self._finalizer = weakref.finalize(self, _close_quietly, self.store, self.cache)
+
+    @staticmethod
+    def _lock_for_replacing(storage: Path) -> List[_storage.FileLock]:
+        """The locks a publish into the existing folder ``storage`` holds: the store lock of its
+        embedded shard, with no wait (held, the index is open in another process, or another object
+        of this one, that would write over the new index: an :class:`IndexBusyError`), then its
+        write lock (waiting for a running write, up to ``storage.DEFAULT_LOCK_TIMEOUT``). An open
+        index takes them in the same order."""
+        store_lock = HybridIndex._take_store_lock(storage)
+        write_lock = _storage.FileLock(storage / _storage.WRITE_LOCK)
+        try:
+            write_lock.acquire(_storage.DEFAULT_LOCK_TIMEOUT)
+        except BaseException:
+            if store_lock is not None:
+                store_lock.release()
+            raise
+        return [write_lock] if store_lock is None else [store_lock, write_lock]
+
+    @staticmethod
+    def _take_store_lock(storage: Path) -> Optional[_storage.FileLock]:
+        """The store lock of the embedded shard in ``storage`` (None: no shard there), taken with no
+        wait; held elsewhere (the index is open there), an :class:`IndexBusyError` for a rebuild."""
+        if not (storage / STORE_DIR).is_dir():
+            return None
+        lock = _storage.FileLock(storage / STORE_DIR / _store.STORE_LOCK)
+        try:
+            lock.acquire(timeout=0)
+        except _storage.IndexWriteLockedError:
+            raise IndexBusyError(storage, rebuilding=True) from None
+        return lock
 
     @classmethod
     def load(
@@ -631,6 +816,10 @@ class HybridIndex:
         read_only: bool = False,
     ) -> "HybridIndex":
         """Open an index folder. The embedding model must be the one it was built with.
+
+        ``node_parser`` defaults to the one recorded in ``index.json``; one that chunks otherwise
+        (``to_dict()`` differs) makes :meth:`upsert` refuse, naming both, since an index holds one
+        chunking: rebuild with ``from_documents(..., overwrite=True)`` to change it.
 
         Nothing read here is unpickled (see the module docstring). A folder of the first format
         (Qdrant local mode in ``qdrant/``) is migrated to Qdrant Edge once, on this open, from its
@@ -666,6 +855,8 @@ class HybridIndex:
             raise TypeError(f"read_only must be True or False, got {read_only!r}")
         storage = Path(storage_dir)
         manifest_file = storage / _storage.MANIFEST
+        if not manifest_file.exists() and not read_only:
+            _storage.resume_publish(storage)  # a rebuild killed while it moved the new index in: finished
         if not manifest_file.exists():
             build = _storage.building_dir(storage)
             hint = (
@@ -772,6 +963,8 @@ class HybridIndex:
                 self._sync_with_disk()
                 return self.manifest.generation != before
         disk = self._journal.read_disk()
+        if disk.build_id != self.manifest.build_id:  # rebuilt: this object's files and cache are gone
+            raise _storage.IndexReadOnlyError(self.storage_dir, "the folder was rebuilt since this object opened it", REBUILT_ADVICE)
         if disk.generation == self.manifest.generation:
             return False
         url = self.manifest.qdrant_url
@@ -795,10 +988,17 @@ class HybridIndex:
     def _open_store(storage: Path, manifest: IndexManifest, api_key: Optional[str], fresh: bool = False) -> Any:
         """The point store of an index folder: the Edge shard in ``storage/edge`` or the server
         collection of ``manifest.qdrant_url``. A shard open elsewhere is an IndexBusyError; one
-        the engine cannot read a DamagedIndexError naming it (``store.StoreDamagedError``)."""
+        the engine cannot read a DamagedIndexError naming it (``store.StoreDamagedError``); a
+        server collection marked with another index's id a ``store.ForeignCollectionError``."""
         url = manifest.qdrant_url
         if url:
-            return _store.ServerPoints(server_client(url, api_key), manifest.collection, url=url)
+            store = _store.ServerPoints(server_client(url, api_key), manifest.collection, url=url, index_id=manifest.index_id)
+            try:
+                store.check_owner(storage)  # never serve another index's points with this folder's BM25 and docstore
+            except BaseException:
+                store.close()
+                raise
+            return store
         try:
             return _store.EdgePoints(storage / STORE_DIR, fresh=fresh)
         except _store.StoreBusyError:
@@ -864,8 +1064,17 @@ class HybridIndex:
         would silently drop the other file from the index; pass ``allow_source_change=True`` to
         replace it anyway (e.g. a file that moved).
 
+        Chunks are identified by node id (:mod:`~..retrievers.node_identity`): a chunk id that two
+        documents of the batch produce, or that an indexed document outside the batch already holds
+        (e.g. two Documents with different ids sharing ``metadata["doc_id"]``, one per page), is
+        refused with :class:`ChunkIdConflictError` before anything is written, since writing it would
+        silently replace the other document's chunk. A ``node_parser`` that chunks otherwise than
+        the one the index was built with (``index.json``; compared by ``to_dict()``) is refused
+        too: rebuild with ``from_documents(..., overwrite=True)`` (``rkit index --rebuild``).
+
         Returns counts: documents, chunks written, chunks removed, texts embedded.
         """
+        self._check_node_parser()
         documents = list(documents)
         for doc in documents:
             check_document_text(doc)
@@ -886,6 +1095,7 @@ class HybridIndex:
         for doc_id in ids:
             old_ids.update(self._node_ids_of(doc_id))
         new_ids = {n.node_id for n in nodes}
+        self._check_chunk_owners(nodes, ids, old_ids)
         stale = old_ids - new_ids
         cached_before = len(self.cache)
         vectors = embed_texts(
@@ -906,12 +1116,8 @@ class HybridIndex:
                 tokens = self._write_points(leaves, vectors) if leaves else None
                 if stale:
                     self.store.delete_points([_store.point_id(i) for i in sorted(stale)])
-                # BM25: insert_nodes replaces every indexed node of the same documents (one rebuild).
-                emptied = set(ids) - {n.ref_doc_id for n in leaves}
-                for doc_id in emptied:
-                    self.bm25.delete_ref_doc(doc_id)
-                if leaves:
-                    self.bm25.insert_nodes(leaves, tokens=tokens)
+                # BM25: every indexed node of these documents replaced, emptied ones included (one rebuild).
+                self.bm25.replace_documents(leaves, tokens=tokens, doc_ids=ids)
                 for doc_id in ids:
                     self.docstore.delete_ref_doc(doc_id, raise_error=False)
                 self.docstore.add_documents(nodes, allow_update=True)
@@ -921,6 +1127,30 @@ class HybridIndex:
                 raise
         logger.info("upserted %d documents: %d chunks, %d stale removed, %d embedded", len(ids), len(nodes), len(stale), embedded)
         return {"documents": len(ids), "chunks": len(nodes), "removed": len(stale), "embedded": embedded}
+
+    def _check_node_parser(self) -> None:
+        """Refuse to chunk with another parser than the index was built with (two chunkings in one
+        index, and ``index.json`` naming only the first)."""
+        changes = node_parser_changes(self.manifest.node_parser, self.node_parser.to_dict())
+        if changes:
+            raise ValueError(
+                f"{self.storage_dir} was built with another chunking than this index's node_parser: {'; '.join(changes)}. "
+                "An index holds one chunking: open it without node_parser= (or with the one it was built with) to "
+                "update it, or rebuild it with the new parser: HybridIndex.from_documents(..., overwrite=True) "
+                "(rkit index --rebuild)"
+            )
+
+    def _check_chunk_owners(self, nodes: Sequence[BaseNode], doc_ids: Sequence[str], old_ids: set) -> None:
+        """Refuse chunk ids that two documents would share (:class:`ChunkIdConflictError`): two of
+        the batch's documents, or one of them and an indexed document outside the batch."""
+
+        def owner_of(node_id: str) -> Optional[str]:
+            if node_id in old_ids or self.docstore.get_document_hash(node_id) is None:
+                return None  # a node of a document in this batch, or not indexed
+            node = self.docstore.get_node(node_id, raise_error=False)
+            return None if node is None else node.ref_doc_id
+
+        check_chunk_ids(nodes, owner_of, replaced_docs=set(doc_ids))
 
     @_exclusive_write
     def delete(self, doc_id: str) -> int:
@@ -993,63 +1223,88 @@ class HybridIndex:
         overwrite: bool = False,
         switch: bool = False,
     ) -> int:
-        """Copy this embedded index's points (vectors and payloads, as stored) into a collection
-        on a Qdrant server or cluster, with the same schema; returns how many were copied.
+        """Copy this embedded index's points (vectors and payloads, as stored) to a Qdrant server or
+        cluster, served there as ``collection`` (default: the index's, ``manifest.collection``), with
+        the same schema; returns how many were copied.
 
-        Afterwards ``HybridIndex.load(storage_dir, qdrant_url=qdrant_url)`` serves the same
-        results from the server (read-only there). ``switch=True`` moves the folder to the server
-        for good: ``index.json`` records the server, this object writes there from now on and
-        ``edge/`` is deleted. An existing non-empty collection is refused unless ``overwrite``.
-        Qdrant Edge's snapshots are the other route (see docs/architecture.md).
+        The points go to a new collection ``<collection>-<12 hex digits>``, marked with the index's id
+        (``index.json``'s ``index_id``) in its metadata; once it holds them all, the alias
+        ``collection`` names it in one step (readers see the previous copy or this one) and the
+        previous copy is deleted (:class:`.store.ServerCollections`). So pushing again replaces the
+        index's own copy. A ``collection`` this index did not write (another index's, another
+        application's, or a copy pushed before index ids) is refused with a
+        :class:`.store.ForeignCollectionError` naming it, unless ``overwrite=True`` (``rkit index
+        --push URL --push-overwrite``): then a plain collection of that name is deleted, while
+        another index's collection behind the alias is left in place and only the alias moves.
+        Recognising its own collection needs Qdrant 1.16 or later (collection metadata).
+
+        Afterwards ``HybridIndex.load(storage_dir, qdrant_url=qdrant_url)`` serves the same results
+        from the server (read-only there). ``switch=True`` moves the folder to the server for good:
+        ``index.json`` records the server and the new collection, this object writes there from now
+        on and ``edge/`` is deleted. Qdrant Edge's snapshots are the other route (see docs/architecture.md).
         """
         if self.store.kind != "edge":
             raise ValueError(f"{self.storage_dir} already lives on {self.store.location}; push_to copies an embedded index")
         if not isinstance(qdrant_url, str) or not qdrant_url.strip():
             raise ValueError(f"qdrant_url must be a non-empty str, got {qdrant_url!r}")
-        name = collection if collection is not None else self.manifest.collection
-        if not isinstance(name, str) or not _storage.SAFE_NAME.fullmatch(name):
-            raise ValueError(f"collection must be letters, digits, '_' and '-' (at most 128), got {name!r}")
+        for flag, value in (("overwrite", overwrite), ("switch", switch)):
+            if not isinstance(value, bool):
+                raise TypeError(f"{flag} must be True or False, got {value!r}")
+        name = check_collection_name(collection if collection is not None else self.manifest.collection, served=True)
         if switch and name != self.manifest.collection:
             raise ValueError("switch=True keeps the index's collection name: leave collection= unset")
         self._check_writable()
-        target = _store.ServerPoints(server_client(qdrant_url, api_key), name, url=qdrant_url)
+        if not self.manifest.embed_dim:
+            raise ValueError(f"{self.storage_dir} holds no vectors yet (nothing was embedded): nothing to push")
+        client = server_client(qdrant_url, api_key)
+        names = _store.ServerCollections(client, qdrant_url)
+        switched = False
         try:
             with self._write_guard.hold():
-                with self._rw_lock.read():
-                    if target.exists() and target.count():
-                        if not overwrite:
-                            raise ValueError(
-                                f"{target.location} already holds {target.count()} point(s); pass overwrite=True to replace them"
-                            )
-                        target.client.delete_collection(name)
-                    copied = 0
-                    dim = self.manifest.embed_dim
-                    if dim:
-                        target.create(dim)
-                    batch: List[Any] = []
-                    for point in self.store.iter_points():
-                        batch.append(point)
-                        if len(batch) >= _store.SERVER_UPSERT_BATCH:
-                            copied += self._copy_batch(target, batch)
-                            batch = []
-                    copied += self._copy_batch(target, batch)
-                    if target.count() != len(self.bm25):
-                        raise RuntimeError(f"{target.location} holds {target.count()} point(s) after the copy, the index {len(self.bm25)}")
-                    target.ensure_payload_indexes(self.store.payload_indexes)  # the shard's, for the same filters
+                index_id = self._ensure_index_id()
+                current = names.target(name)
+                if current is not None and not overwrite and names.owner(current) != index_id:
+                    raise self._foreign(names, name, current, PUSH_OVERWRITE_ADVICE)
+                target = _store.ServerPoints(client, _store.build_collection_name(name), url=qdrant_url, index_id=index_id)
+                try:
+                    with self._rw_lock.read():
+                        copied = self._copy_points(target)
+                    self._take_name(names, name, target.collection, index_id, None, overwrite, PUSH_OVERWRITE_ADVICE)
+                except BaseException:
+                    self._delete_quietly(names, target.collection)
+                    raise
                 if switch:
                     with self._rw_lock.write():
-                        self._journal.save(self.manifest.with_qdrant_url(qdrant_url))
+                        self._journal.save(self.manifest.with_qdrant_url(qdrant_url, target.collection))
                         old, self.store = self.store, target
+                        switched = True
                         self._finalizer.detach()
                         self._finalizer = weakref.finalize(self, _close_quietly, self.store, self.cache)
                         self._vector_store = None
                         old.close()
                         _storage.remove_path(self.storage_dir / STORE_DIR)
-                        target = None
         finally:
-            if target is not None:
-                target.close()
-        logger.info("%s: copied %d point(s) to %s%s", self.storage_dir, copied, qdrant_url, " and switched to it" if switch else "")
+            if not switched:
+                client.close()
+        logger.info(
+            "%s: copied %d point(s) to %s as %r%s", self.storage_dir, copied, qdrant_url, name, " and switched to it" if switch else ""
+        )
+        return copied
+
+    def _copy_points(self, target: Any) -> int:
+        """Copy every stored point into the new server collection ``target``; returns how many."""
+        target.create(self.manifest.embed_dim)
+        copied = 0
+        batch: List[Any] = []
+        for point in self.store.iter_points():
+            batch.append(point)
+            if len(batch) >= _store.SERVER_UPSERT_BATCH:
+                copied += self._copy_batch(target, batch)
+                batch = []
+        copied += self._copy_batch(target, batch)
+        if target.count() != len(self.bm25):
+            raise RuntimeError(f"{target.location} holds {target.count()} point(s) after the copy, the index {len(self.bm25)}")
+        target.ensure_payload_indexes(self.store.payload_indexes)  # the shard's, for the same filters
         return copied
 
     @staticmethod
@@ -1060,17 +1315,152 @@ class HybridIndex:
             )
         return len(points)
 
+    def _ensure_index_id(self) -> str:
+        """The index's id; a folder written before ids gets one now (saved in ``index.json``; under the write guard)."""
+        if self.manifest.index_id is None:
+            self._journal.save(self.manifest.with_index_id(new_index_id()))
+        return str(self.manifest.index_id)
+
+    @classmethod
+    def _plan_collection(
+        cls, storage: Path, collection: Optional[str], qdrant_url: Optional[str], api_key: Optional[str], overwrite: bool
+    ) -> CollectionPlan:
+        """Where a build writes, checked before anything is embedded. The index id and (without
+        ``collection``) the name are the replaced index's (``overwrite=True``), else new / ``"chunks"``.
+        On a server, the name must be free, or name the replaced index's own collection or one marked
+        with its id; anything else is a :class:`.store.ForeignCollectionError`."""
+        if qdrant_url is not None and (not isinstance(qdrant_url, str) or not qdrant_url.strip()):
+            raise ValueError(f"qdrant_url must be a non-empty str or None, got {qdrant_url!r}")
+        old = _replaced_manifest(storage) if overwrite else None
+        index_id = old.index_id if old is not None and old.index_id else new_index_id()
+        if collection is None:
+            name = _store.served_collection_name(old.collection) if old is not None else COLLECTION
+        else:
+            name = check_collection_name(collection, served=bool(qdrant_url))
+        if not qdrant_url:
+            return CollectionPlan(name, name, index_id, None, None)
+        name = check_collection_name(name, served=True)
+        client = server_client(qdrant_url, api_key)
+        try:
+            names = _store.ServerCollections(client, qdrant_url)
+            replaced = _own_server_collection(names, old, qdrant_url, index_id)
+            current = names.target(name)
+            if current is not None and current != replaced and names.owner(current) != index_id:
+                raise cls._foreign(names, name, current, BUILD_FOREIGN_ADVICE)
+        finally:
+            client.close()
+        return CollectionPlan(name, _store.build_collection_name(name), index_id, qdrant_url, replaced)
+
+    def _serve_build(self, plan: CollectionPlan) -> None:
+        """After a server build is published: serve it as ``plan.name`` and delete the collections
+        of the index it replaced (:meth:`_take_name`). The folder is complete either way: a failure
+        here leaves the alias on the previous collection, with a warning."""
+        if plan.url is None or self.store.kind != "server":
+            return
+        names = _store.ServerCollections(self.store.client, plan.url)
+        try:
+            self._take_name(names, plan.name, plan.collection, plan.index_id, plan.replaced, False, BUILD_FOREIGN_ADVICE)
+        except Exception as exc:  # noqa: BLE001 - reported; the published index is whole
+            logger.warning(
+                "%s: the index is built in Qdrant collection %r at %s, but %r could not be pointed at it (%s: %s); "
+                "its own queries are unaffected, readers of %r are not served it until it is built or pushed again",
+                self.storage_dir, plan.collection, plan.url, plan.name, type(exc).__name__, exc, plan.name,
+            )
+
+    @classmethod
+    def _take_name(
+        cls,
+        names: "_store.ServerCollections",
+        name: str,
+        collection: str,
+        index_id: str,
+        replaced: Optional[str],
+        overwrite: bool,
+        advice: str,
+    ) -> None:
+        """Serve the complete ``collection`` as ``name`` (an alias, switched in one step), then delete
+        what it replaces: the collection ``name`` named when it was this index's (marked with
+        ``index_id``, or ``replaced``), earlier build collections of ``name`` marked with
+        ``index_id`` (left by an interrupted build or push), and ``replaced``. Another index's or
+        application's collection is refused (:class:`.store.ForeignCollectionError`) unless
+        ``overwrite``: then a plain collection ``name`` is deleted, one behind the alias kept."""
+        current = names.target(name)
+        if current != collection:
+            ours = current is not None and (current == replaced or names.owner(current) == index_id)
+            if current is not None and not ours and not overwrite:
+                raise cls._foreign(names, name, current, advice)
+            if current == name:  # a plain collection: it must go before the alias can take its name
+                names.delete(name)
+            names.serve(name, collection)
+            if current is not None and current != name:
+                if ours:
+                    names.delete(current)
+                else:
+                    logger.warning("%r at %s now names %r; %r, which it named before, is not this index's and was left in place", name, names.url, collection, current)
+        for leftover in names.builds_of(name, index_id):
+            if leftover != collection:
+                names.delete(leftover)
+        if replaced is not None and replaced not in (collection, current) and names.target(replaced) == replaced:
+            names.delete(replaced)
+
+    @staticmethod
+    def _foreign(names: "_store.ServerCollections", name: str, current: str, advice: str) -> "_store.ForeignCollectionError":
+        """The error for ``name`` (naming ``current``) when this index may not replace it."""
+        return _store.ForeignCollectionError(name, names.url, names.owner(current), names.count(current), advice, alias_of=current)
+
+    @staticmethod
+    def _delete_quietly(names: "_store.ServerCollections", collection: str) -> None:
+        """Delete a collection this index was writing when that failed (best effort, logged)."""
+        try:
+            if names.target(collection) == collection:
+                names.delete(collection)
+        except Exception:  # noqa: BLE001 - the original error matters more
+            logger.warning("could not delete the unfinished Qdrant collection %r at %s; delete it by hand", collection, names.url, exc_info=True)
+
+    @classmethod
+    def _drop_unpublished_collection(cls, plan: CollectionPlan, storage: Path, api_key: Optional[str]) -> None:
+        """After a failed server build: delete its new collection unless ``storage`` was published
+        with it (a failure after the folder moved in keeps it)."""
+        if plan.url is None:
+            return
+        try:
+            published = IndexManifest.read(storage / _storage.MANIFEST, READABLE_FORMATS).collection == plan.collection
+        except Exception:  # noqa: BLE001 - no index there (or unreadable): not published
+            published = False
+        if published:
+            return
+        try:
+            client = server_client(plan.url, api_key)
+        except Exception:  # noqa: BLE001
+            logger.warning("could not reach %s to delete the unfinished collection %r", plan.url, plan.collection, exc_info=True)
+            return
+        try:
+            names = _store.ServerCollections(client, plan.url)
+            if names.target(plan.collection) == plan.collection and names.owner(plan.collection) == plan.index_id:
+                cls._delete_quietly(names, plan.collection)
+        except Exception:  # noqa: BLE001
+            logger.warning("could not delete the unfinished collection %r at %s", plan.collection, plan.url, exc_info=True)
+        finally:
+            client.close()
+
     def doc_ids(self) -> List[str]:
         """The ids of the indexed documents."""
         return sorted((self.docstore.get_all_ref_doc_info() or {}).keys())
 
     def _ensure_collection(self, dim: Optional[int]) -> None:
+        """Create the point store's collection at the first write (dimension ``dim``); an existing
+        one is this index's (checked on open, ``store.ServerPoints.check_owner``)."""
         if self.store.exists():
             if dim is not None and self.manifest.embed_dim not in (None, dim):
                 raise ValueError(f"embedding dimension {dim} differs from the index's {self.manifest.embed_dim}")
             return
         if dim is None:
             return
+        if self.store.kind == "server" and self.manifest.embed_dim is not None:
+            # created once, at the first write: never recreate it under a folder that used it
+            raise _storage.DamagedIndexError(
+                self.store.location, "is gone (deleted on the server, or replaced by a rebuild of the folder)", self.storage_dir
+            )
         self.store.create(dim)
         self._journal.amend(self.manifest.with_embed_dim(dim))
 
@@ -1143,9 +1533,13 @@ class HybridIndex:
         ``reload``), and then rolls back a journal left in index.json. A journal this object left
         itself (its own failed write, its in-memory state possibly uncommitted) is only rolled back
         when ``state_is_committed`` (just opened); otherwise the next write extends it. Runs before
-        every write, after a failed one, and on open.
+        every write, after a failed one, and on open. A folder rebuilt since this object opened it
+        (another ``build_id`` on disk) turns this object read-only and raises (:meth:`_rebuilt_elsewhere`):
+        nothing is written over the new index.
         """
         disk = self._journal.read_disk()
+        if disk.build_id != self.manifest.build_id:
+            raise self._rebuilt_elsewhere(disk)
         fresh = state_is_committed
         if reload or disk.generation != self.manifest.generation:
             fresh = True
@@ -1159,10 +1553,24 @@ class HybridIndex:
         if fresh and pending is not None:
             self._roll_back(pending)
 
-    def _enter_read_only(self, reason: str) -> None:
-        """Serve the committed state only (see :meth:`_recover`); the store may hold uncommitted points."""
+    def _rebuilt_elsewhere(self, disk: IndexManifest) -> _storage.IndexReadOnlyError:
+        """Turn read-only (once) because ``disk``, the folder's manifest now, is another build's:
+        the folder was rebuilt while this object had it open, and writing would damage the new
+        index. Returns the error to raise."""
+        reason = (
+            f"the folder was rebuilt since this object opened it (it now holds build {disk.build_id}, this object "
+            f"opened build {self.manifest.build_id})"
+        )
+        if self._read_only is None:
+            self._enter_read_only(reason, REBUILT_ADVICE)
+        return _storage.IndexReadOnlyError(self.storage_dir, reason, REBUILT_ADVICE)
+
+    def _enter_read_only(self, reason: str, what_to_do: Optional[str] = None) -> None:
+        """Serve the committed state only (see :meth:`_recover`); the store may hold uncommitted points.
+        ``what_to_do``: the advice of the errors raised from now on (None: free disk space and reopen)."""
         self._read_only = reason
-        error = _storage.IndexReadOnlyError(self.storage_dir, reason)
+        self._read_only_advice = what_to_do
+        error = _storage.IndexReadOnlyError(self.storage_dir, reason, what_to_do)
         self._rw_lock = _storage.RefusingLock(error)  # store-side retrievers made from now on raise it
         self._dense = None
         try:
@@ -1176,7 +1584,7 @@ class HybridIndex:
             advice = READ_ONLY_ADVICE if self._opened_read_only else SERVED_ELSEWHERE_ADVICE
             raise _storage.IndexReadOnlyError(self.storage_dir, self._served_elsewhere, advice)
         if self._read_only is not None:
-            raise _storage.IndexReadOnlyError(self.storage_dir, self._read_only, READ_ONLY_ADVICE if self._opened_read_only else None)
+            raise _storage.IndexReadOnlyError(self.storage_dir, self._read_only, READ_ONLY_ADVICE if self._opened_read_only else self._read_only_advice)
 
     def _finish_open(self, verified: bool) -> None:
         """On :meth:`load`, under the write lock (so that no write of another process sharing a
@@ -1460,16 +1868,22 @@ class HybridIndex:
         """For Qdrant-side search: a callable giving the Qdrant filter that admits exactly the
         chunks ``filters`` matches (``metadata_matches``, as every in-memory leg): the store's
         translation run by the engine where it is exact, else the matching ids
-        (``store.metadata_filter``). Cached per index state."""
+        (``store.metadata_filter``). Cached per index state and filter *value*
+        (``filters_key``, as the in-memory legs' masks): a filter object the caller changes in
+        place after building the retriever is followed, never answered from its old value."""
+        from ..retrievers.filters import filters_key
+
         if filters is None:
             return None
-        cache: Dict[str, Any] = {"snapshot": None, "filter": None}
+        cache: List[Any] = [None]  # (snapshot, filters_key, Qdrant filter), replaced whole
 
         def point_filter() -> Any:
             snapshot = self.bm25.snapshot
-            if cache["snapshot"] is not snapshot:
-                cache["filter"], cache["snapshot"] = self.store.metadata_filter(filters, snapshot.nodes), snapshot
-            return cache["filter"]
+            value = filters_key(filters)
+            cached = cache[0]
+            if cached is None or cached[0] is not snapshot or cached[1] != value:
+                cached = cache[0] = (snapshot, value, self.store.metadata_filter(filters, snapshot.nodes))
+            return cached[2]
 
         return point_filter
 
@@ -1505,7 +1919,7 @@ class HybridIndex:
         nodes = snapshot.nodes
         dim = self.manifest.embed_dim or 1
         if not nodes:
-            return DenseMatrix.build(nodes, np.zeros((0, dim), dtype=np.float32))
+            return DenseMatrix.build(nodes, np.zeros((0, dim), dtype=np.float32), copy_nodes=False)
         texts = [n.get_content(metadata_mode=MetadataMode.EMBED) for n in nodes]
         keys = [text_key(t) for t in texts]
         found = self.cache.get_many(model_key(self.embed_model), keys)
@@ -1514,13 +1928,13 @@ class HybridIndex:
             logger.warning("%s: %d chunk(s) of the committed index are not in the embedding cache; embedding them", self.storage_dir, len(missing))
             vectors = embed_texts(self.embed_model, [t for _, t in missing], cache=None)
             found.update({k: v for (k, _), v in zip(missing, vectors)})
-        return DenseMatrix.build(nodes, np.stack([found[k] for k in keys]))
+        return DenseMatrix.build(nodes, np.stack([found[k] for k in keys]), copy_nodes=False)
 
     def _read_dense_matrix(self, snapshot: Any) -> tuple[DenseMatrix, bool]:
         dim = self.manifest.embed_dim or 1
         nodes = snapshot.nodes
         if not nodes or not self.store.exists():
-            return DenseMatrix.build(nodes, np.zeros((len(nodes), dim), dtype=np.float32)), True
+            return DenseMatrix.build(nodes, np.zeros((len(nodes), dim), dtype=np.float32), copy_nodes=False), True
         with self._rw_lock.read():  # all pages from one state of the store
             stored_ids, stored = self.store.dense_block()
         if len(stored_ids) and stored.shape[1] != dim:
@@ -1548,7 +1962,7 @@ class HybridIndex:
         if complete and not self._vectors_checked and snapshot is self.bm25.snapshot:
             self._check_vectors(nodes, vectors)  # once per opened index: damage happens at rest
         logger.debug("dense matrix: %d vectors read from Qdrant", len(stored_ids))
-        return DenseMatrix.build(nodes, vectors), complete
+        return DenseMatrix.build(nodes, vectors, copy_nodes=False), complete
 
     def _check_vectors(self, nodes: Sequence[BaseNode], vectors: np.ndarray) -> None:
         """Each stored vector must be its chunk's embedding (as cached when it was indexed): a

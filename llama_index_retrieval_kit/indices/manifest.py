@@ -16,15 +16,21 @@ Keys (formats 1 and 2 share them; the JSON written is the JSON read, unknown key
     bm25               k1, b, method, avgdl (avgdl: frozen at the first write, the sparse vectors' length norm)
     bm25_tokenizer     BM25TokenizerConfig.to_persisted()
     qdrant_url         the Qdrant server, or null (embedded Qdrant Edge shard in edge/)
-    collection         the collection name
+    collection         the collection name (on a server, the build collection the folder reads; see store.ServerCollections)
+    index_id           the index's random id, kept by upserts and rebuilds of the folder, written into the
+                       metadata of the server collections it writes (absent in folders written before it)
     embed_batch_size   texts per embedding call
     generation         the committed generation N (bm25/gen-N, docstore/gen-N.json)
     pending            the write journal: {generation: N + 1, touched_ids} while a write runs, else null
     integrity          sha256 of generation N's files and its chunk count (absent before checksums)
+    build_id           a random id of the build that made the folder, new at each build and rebuild (absent
+                       before build ids): an open index that finds another one on disk was rebuilt under it
 """
 
 from __future__ import annotations
 
+import re
+import uuid
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence, Tuple
 
@@ -41,7 +47,19 @@ READABLE_FORMATS = (1, 2)
 COLLECTION = "chunks"
 
 # Keys written only when they hold a value: folders written before them lack them.
-_OMITTED_WHEN_NONE = ("embed_model_class", "integrity")
+_OMITTED_WHEN_NONE = ("embed_model_class", "integrity", "index_id", "build_id")
+#: The form of ``index_id``: 32 lower-case hex digits (:func:`new_index_id`).
+INDEX_ID_PATTERN = r"^[0-9a-f]{32}$"
+
+
+def new_index_id() -> str:
+    """A new random index id (uuid4, 32 hex digits)."""
+    return uuid.uuid4().hex
+
+
+def new_build_id() -> str:
+    """A new random build id (uuid4, 32 hex digits), given to each build and rebuild."""
+    return uuid.uuid4().hex
 
 
 class BM25Settings(BaseModel):
@@ -99,6 +117,16 @@ class IndexManifest(BaseModel):
     generation: int = Field(default=0, description="The committed generation.")
     pending: Optional[PendingWrite] = Field(default=None, description="The journal of an unfinished write, or None.")
     integrity: Optional[GenerationRecord] = Field(default=None, description="Checksums of the committed generation.")
+    index_id: Optional[str] = Field(
+        default=None,
+        pattern=INDEX_ID_PATTERN,
+        description="Random id of the index, kept by upserts and rebuilds; marks the server collections it writes (None: written before ids).",
+    )
+    build_id: Optional[str] = Field(
+        default=None,
+        pattern=INDEX_ID_PATTERN,
+        description="Random id of the build that made the folder, new at each (re)build (new_build_id); None: built before build ids.",
+    )
 
     # ------------------------------------------------------------------ reading and writing
     @classmethod
@@ -155,9 +183,21 @@ class IndexManifest(BaseModel):
         """This manifest with BM25's ``avgdl`` fixed (at the first write)."""
         return self.model_copy(update={"bm25": self.bm25.model_copy(update={"avgdl": float(avgdl)})})
 
-    def with_qdrant_url(self, url: Optional[str]) -> "IndexManifest":
-        """This manifest served from the Qdrant server ``url`` (None: the embedded shard)."""
-        return self.model_copy(update={"qdrant_url": url})
+    def with_qdrant_url(self, url: Optional[str], collection: Optional[str] = None) -> "IndexManifest":
+        """This manifest served from the Qdrant server ``url`` (None: the embedded shard), from its
+        collection ``collection`` when given."""
+        update: Dict[str, Any] = {"qdrant_url": url}
+        if collection is not None:
+            if not storage.SAFE_NAME.fullmatch(collection):
+                raise ValueError(f"collection must be letters, digits, '_' and '-' (at most 128), got {collection!r}")
+            update["collection"] = collection
+        return self.model_copy(update=update)
+
+    def with_index_id(self, index_id: str) -> "IndexManifest":
+        """This manifest with the index id ``index_id`` (:func:`new_index_id`)."""
+        if not isinstance(index_id, str) or not re.fullmatch(INDEX_ID_PATTERN, index_id):
+            raise ValueError(f"index_id must be 32 lower-case hex digits, got {index_id!r}")
+        return self.model_copy(update={"index_id": index_id})
 
     def with_format_version(self, version: int) -> "IndexManifest":
         """This manifest in folder format ``version`` (after a migration)."""

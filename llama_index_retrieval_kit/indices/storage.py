@@ -16,6 +16,11 @@ input and to write it safely:
   process (a re-entrant lock) and across processes (``flock`` on ``.write.lock`` in the folder;
   ``msvcrt.locking`` on Windows). A writer waits for the lock up to a timeout, then gets
   :class:`IndexWriteLockedError`.
+* :func:`check_build_target`, :func:`publish_new_folder`, :func:`publish_into`,
+  :func:`resume_publish`: a build is published into its folder moving only the index's own
+  entries (:data:`INDEX_ENTRIES`); the user's files in the folder are never moved or deleted, a
+  folder whose files would be replaced is refused, and a publish killed half-way is finished
+  by the next open.
 
 Nothing here knows about Qdrant, BM25 or LlamaIndex: only paths, JSON values and bytes.
 """
@@ -34,12 +39,27 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
+from typing import Any, Dict, FrozenSet, Iterator, List, Mapping, Optional, Sequence
 
 logger = logging.getLogger(__name__)
 
 MANIFEST = "index.json"
 WRITE_LOCK = ".write.lock"
+#: In a folder a build is being published into: the build and the entries moving in and out
+#: (:func:`publish_into`); deleted once ``index.json`` is in place.
+PUBLISH_MARKER = ".index-publish.json"
+#: In the build folder: where :func:`publish_into` moves the entries it replaces (deleted with it).
+REPLACED_ENTRIES = ".replaced"
+#: The top-level entries of an index folder, all written by ``HybridIndex`` (``edge``: the point
+#: store; ``qdrant``: the point store of format 1). A build or rebuild only ever moves aside or
+#: deletes entries of these names (and :data:`INDEX_SIDE_FILES`); every other entry of the folder
+#: is the user's and is never touched.
+INDEX_ENTRIES = frozenset({MANIFEST, "edge", "bm25", "docstore", "qdrant", "embeddings.sqlite", WRITE_LOCK, PUBLISH_MARKER})
+#: Files made beside them: SQLite's journals of the cache, and the temporary file of an atomic JSON
+#: write (:func:`write_json_atomic`: ``tempfile.mkstemp``'s 8 characters).
+INDEX_SIDE_FILES = re.compile(r"embeddings\.sqlite-(journal|wal|shm)|(index|\.index-publish)\.json[a-z0-9_]{8}\.tmp")
+_MARKER_TEMP = re.compile(r"\.index-publish\.json[a-z0-9_]{8}\.tmp")
+_BUILD_ID = re.compile(r"[0-9a-f]{32}")
 #: Seconds a writer waits for another process's write to finish before giving up.
 DEFAULT_LOCK_TIMEOUT = 60.0
 #: Collection names: letters, digits, ``_`` and ``-`` (Qdrant local mode makes a folder of it).
@@ -233,6 +253,9 @@ def validate_manifest(config: Any, path: Path | str, format_version: int | Seque
     if not isinstance(collection, str) or not SAFE_NAME.fullmatch(collection):
         raise check.bad("collection", collection, "a name of letters, digits, '_' and '-' (at most 128)")
     check.int_(check.require(config, "embed_batch_size"), "embed_batch_size", 1)
+    build_id = config.get("build_id")
+    if build_id is not None and (not isinstance(build_id, str) or not _BUILD_ID.fullmatch(build_id)):
+        raise check.bad("build_id", build_id, "null or 32 lower-case hex digits")
 
     pending = check.require(config, "pending")
     if pending is not None:
@@ -305,22 +328,118 @@ def remove_path(path: Path) -> None:
 
 
 def building_dir(storage_dir: Path | str) -> Path:
-    """The sibling folder a new index is built in before it is renamed to ``storage_dir``."""
+    """The sibling folder a new index is built in before it is moved to ``storage_dir``."""
     storage_dir = Path(storage_dir)
     return storage_dir.parent / f".{storage_dir.name}.building"
 
 
 def replaced_dir(storage_dir: Path | str) -> Path:
-    """The sibling folder a replaced index is moved to until the new one is in place."""
+    """The sibling folder earlier versions moved a replaced index folder to (the whole folder, the
+    user's files too). This version never makes it, and never deletes one it finds."""
     storage_dir = Path(storage_dir)
     return storage_dir.parent / f".{storage_dir.name}.replaced"
 
 
+def is_index_entry(name: str) -> bool:
+    """Whether a top-level entry called ``name`` is part of an index folder's layout
+    (:data:`INDEX_ENTRIES`, :data:`INDEX_SIDE_FILES`)."""
+    return name in INDEX_ENTRIES or INDEX_SIDE_FILES.fullmatch(name) is not None
+
+
+def _lexists(path: Path) -> bool:
+    return os.path.lexists(path)
+
+
+def _movable_entries(folder: Path) -> List[str]:
+    """The index entries of ``folder`` a publish moves aside (all but the write lock, which stays
+    the folder's lock, and the publish marker), ``index.json`` first."""
+    names = [e.name for e in folder.iterdir() if is_index_entry(e.name) and e.name not in (WRITE_LOCK, PUBLISH_MARKER)]
+    return sorted(names, key=lambda name: (name != MANIFEST, name))
+
+
+def read_publish_marker(folder: Path | str) -> Optional[Dict[str, Any]]:
+    """The marker of a publish into ``folder`` (:func:`publish_into`): ``{"build_id", "moving_in",
+    "replacing"}``; None when there is none or the file is not one (then it is the user's)."""
+    try:
+        data = json.loads((Path(folder) / PUBLISH_MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("build_id"), str):
+        return None
+    for key in ("moving_in", "replacing"):
+        names = data.get(key)
+        if not isinstance(names, list) or not all(isinstance(n, str) and is_index_entry(n) for n in names):
+            return None
+    return data
+
+
+def publish_leftovers(folder: Path | str) -> FrozenSet[str]:
+    """Entries of ``folder`` an interrupted publish left (the ones its marker names as moving in or
+    out), when the folder holds no ``index.json``; empty otherwise."""
+    folder = Path(folder)
+    if (folder / MANIFEST).exists():
+        return frozenset()
+    marker = read_publish_marker(folder)
+    if marker is None:
+        return frozenset()
+    return frozenset(marker["moving_in"]) | frozenset(marker["replacing"])
+
+
+def clashing_entries(folder: Path | str) -> List[str]:
+    """Entries of a folder that holds no index whose names an index there would take: the user's
+    (neither the write lock, only ever locked, nor what an interrupted publish left). Empty for a
+    missing folder and an index folder."""
+    folder = Path(folder)
+    if not folder.is_dir() or (folder / MANIFEST).exists():
+        return []
+    ours = publish_leftovers(folder)
+    marker = read_publish_marker(folder)
+    clashes = []
+    for entry in folder.iterdir():
+        name = entry.name
+        if name == WRITE_LOCK or _MARKER_TEMP.fullmatch(name) or (name == PUBLISH_MARKER and marker is not None):
+            continue
+        if is_index_entry(name) and name not in ours:
+            clashes.append(name + ("/" if entry.is_dir() and not entry.is_symlink() else ""))
+    return sorted(clashes)
+
+
+def check_build_target(target: Path | str, overwrite: bool) -> None:
+    """Refuse to build an index into ``target`` (a ValueError saying what to do) when it already
+    holds one and not ``overwrite``, is a file, or holds entries of the user's that an index there
+    would replace (:func:`clashing_entries`)."""
+    target = Path(target)
+    if (target / MANIFEST).exists():
+        if not overwrite:
+            raise ValueError(
+                f"{target} already holds an index; open it with HybridIndex.load({str(target)!r}) and "
+                "upsert(), or pass overwrite=True to rebuild it"
+            )
+        return
+    if target.exists() and not target.is_dir():
+        raise ValueError(f"{target} is a file, not a folder: choose another storage_dir")
+    clashes = clashing_entries(target)
+    if clashes:
+        them = "them" if len(clashes) > 1 else "it"
+        raise ValueError(
+            f"{target} holds no index ({MANIFEST}) but holds {', '.join(clashes)}, which an index there would "
+            f"replace: move {them} out of the folder, or build the index in another storage_dir"
+        )
+
+
 def clear_build_folder(build: Path, keep_prefix: str) -> bool:
-    """Delete everything in ``build`` but the write lock and the files whose name starts with
-    ``keep_prefix``; returns whether any of those were kept."""
+    """Delete the index entries of ``build`` (and what an interrupted publish moved aside there)
+    but the write lock and the files whose name starts with ``keep_prefix``; returns whether any
+    of those were kept. An entry of another name is a ValueError: the folder is not a build of ours."""
+    build = Path(build)
+    strays = sorted(e.name for e in build.iterdir() if not is_index_entry(e.name) and e.name != REPLACED_ENTRIES)
+    if strays:
+        raise ValueError(
+            f"{build} is where this package builds an index, but it holds {', '.join(strays)}, which it did not "
+            f"put there: move {'them' if len(strays) > 1 else 'it'} elsewhere and build again"
+        )
     kept = False
-    for entry in Path(build).iterdir():
+    for entry in build.iterdir():
         if entry.name == WRITE_LOCK:
             continue
         if entry.name.startswith(keep_prefix) and entry.is_file() and not entry.is_symlink():
@@ -330,43 +449,148 @@ def clear_build_folder(build: Path, keep_prefix: str) -> bool:
     return kept
 
 
-def publish_folder(build: Path, target: Path) -> None:
-    """Move the complete folder ``build`` to ``target``.
+def publish_new_folder(build: Path, target: Path) -> bool:
+    """Publish the complete folder ``build`` as ``target`` in one rename when ``target`` does not
+    exist; False (nothing done) when it does: then :func:`publish_into`."""
+    build, target = Path(build), Path(target)
+    if _lexists(target):
+        return False
+    try:
+        os.rename(build, target)
+    except OSError:
+        if _lexists(target):  # made meanwhile
+            return False
+        raise
+    fsync_dir(target.parent)
+    return True
 
-    * no ``target``: one rename;
-    * ``target`` is an index folder (or empty): it is renamed to :func:`replaced_dir` first, then
-      ``build`` takes its place (the caller deletes the replaced folder afterwards). A crash
-      between the two renames leaves both complete folders as siblings, ``target`` absent;
-    * ``target`` is a folder with other files and no index: ``build``'s entries move in, with
-      ``index.json`` last, so the folder is never an index until it is a complete one (entries of
-      the same name as one of the index's are moved to :func:`replaced_dir`).
+
+def publish_into(build: Path, target: Path, build_id: str) -> None:
+    """Move the complete index in ``build`` into the existing folder ``target``, moving only index
+    entries (:func:`is_index_entry`): the user's entries of ``target`` stay where they are.
+
+    The caller holds ``target``'s write lock and checked it (:func:`check_build_target`). Each
+    step is durable before the next:
+
+    1. ``target/.index-publish.json`` names the build and the entries moving in and out;
+    2. ``target``'s index entries move to ``build/.replaced``, ``index.json`` first: the folder
+       stops being the old index before any of its files go;
+    3. ``build``'s entries move in, ``index.json`` last: the folder is an index again only once
+       the new one is complete;
+    4. the marker, then ``build`` with the replaced entries, are deleted.
+
+    Killed before 2, ``target`` holds the old index; after 3, the new one; in between, the new index
+    is complete across ``build`` and ``target`` (the old one across ``build/.replaced`` and
+    ``target``) and :func:`resume_publish` (``HybridIndex.load``) finishes the move. A step that
+    fails with an error is undone: ``target`` holds the old index again.
     """
     build, target = Path(build), Path(target)
-    parent = target.parent
-    trash = replaced_dir(target)
-    if not target.exists() and not target.is_symlink():
-        os.rename(build, target)
-        fsync_dir(parent)
-        return
-    remove_path(trash)
-    if (target / MANIFEST).exists() or not any(target.iterdir()):
-        os.rename(target, trash)
-        fsync_dir(parent)
-        os.rename(build, target)
-        fsync_dir(parent)
-        return
-    trash.mkdir()
-    entries = sorted(e for e in build.iterdir() if e.name not in (MANIFEST, WRITE_LOCK))
-    for entry in entries:
-        dest = target / entry.name
-        if dest.exists() or dest.is_symlink():
-            os.rename(dest, trash / entry.name)
-        os.rename(entry, dest)
+    moving_in = sorted(e.name for e in build.iterdir() if e.name not in (MANIFEST, WRITE_LOCK, REPLACED_ENTRIES))
+    strays = [name for name in moving_in if not is_index_entry(name)]
+    if strays or not (build / MANIFEST).is_file():
+        raise ValueError(f"{build} is not a complete index build (entries {strays}, {MANIFEST} present: {(build / MANIFEST).is_file()})")
+    old_format_leftover = replaced_dir(target)
+    if _lexists(old_format_leftover):
+        logger.warning(
+            "%s was left by an interrupted rebuild of an earlier version and may hold files of yours: it is left "
+            "alone; check it and delete it",
+            old_format_leftover,
+        )
+    write_json_atomic(target / PUBLISH_MARKER, {"build_id": build_id, "moving_in": moving_in, "replacing": _movable_entries(target)})
+    try:
+        _move_build_in(build, target, moving_in)
+    except BaseException:
+        try:
+            _undo_publish(build, target, moving_in)
+        except Exception:  # pragma: no cover - resume_publish finishes it on the next open
+            logger.exception("%s: could not undo the failed publish; HybridIndex.load finishes it", target)
+        raise
+    _finish_publish(build, target)
+
+
+def _move_build_in(build: Path, target: Path, moving_in: Sequence[str]) -> None:
+    """Steps 2 and 3 of :func:`publish_into`, resumable: an entry named as moving in that is no
+    longer in ``build`` has moved in already, and stays."""
+    if not (build / MANIFEST).exists():
+        return  # the new index.json is in place: nothing left to move
+    trash = build / REPLACED_ENTRIES
+    trash.mkdir(exist_ok=True)
+    for name in _movable_entries(target):
+        if name in moving_in and not _lexists(build / name):
+            continue
+        if _lexists(trash / name):
+            remove_path(trash / name)
+        os.rename(target / name, trash / name)
+    fsync_dir(trash)
+    fsync_dir(target)
+    for name in moving_in:
+        if _lexists(build / name):
+            os.rename(build / name, target / name)
     fsync_dir(target)
     os.rename(build / MANIFEST, target / MANIFEST)
     fsync_dir(target)
+
+
+def _undo_publish(build: Path, target: Path, moving_in: Sequence[str]) -> None:
+    """Put the old index back after a failed step 2 or 3 (nothing to undo once the new
+    ``index.json`` is in place)."""
+    if not (build / MANIFEST).exists():
+        return
+    for name in moving_in:
+        if not _lexists(build / name) and _lexists(target / name):
+            os.rename(target / name, build / name)
+    trash = build / REPLACED_ENTRIES
+    if trash.is_dir():
+        for name in sorted((e.name for e in trash.iterdir()), key=lambda name: (name == MANIFEST, name)):
+            if not _lexists(target / name):
+                os.rename(trash / name, target / name)
+    fsync_dir(target)
+    (target / PUBLISH_MARKER).unlink(missing_ok=True)
+    fsync_dir(target)
+
+
+def _finish_publish(build: Path, target: Path) -> None:
+    """Step 4 of :func:`publish_into`: the marker, then the build folder with the replaced entries."""
+    (target / PUBLISH_MARKER).unlink(missing_ok=True)
+    fsync_dir(target)
     remove_path(build)
-    fsync_dir(parent)
+    fsync_dir(build.parent)
+
+
+def resume_publish(target: Path | str) -> bool:
+    """Finish a publish into ``target`` that was killed between its steps 2 and 3
+    (:func:`publish_into`); True when it did.
+
+    Only when ``target`` holds no ``index.json`` but a publish marker, the build folder beside it
+    holds the complete build the marker names, and neither folder's write lock is held (else a
+    publish is running: False).
+    """
+    target = Path(target).resolve()
+    if (target / MANIFEST).exists():
+        return False
+    marker = read_publish_marker(target)
+    build = building_dir(target)
+    if marker is None or not (build / MANIFEST).is_file():
+        return False
+    try:
+        built = json.loads((build / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    if not isinstance(built, dict) or built.get("build_id") != marker["build_id"]:
+        return False
+    locks = [FileLock(build / WRITE_LOCK), FileLock(target / WRITE_LOCK)]
+    try:
+        for lock in locks:
+            lock.acquire(timeout=0)
+        _move_build_in(build, target, marker["moving_in"])
+        _finish_publish(build, target)
+    except IndexWriteLockedError:
+        return False
+    finally:
+        for lock in reversed(locks):
+            lock.release()
+    logger.warning("%s: finished publishing build %s, which was interrupted", target, marker["build_id"])
+    return True
 
 
 # ---------------------------------------------------------------------------------- checksums

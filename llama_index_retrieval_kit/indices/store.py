@@ -1407,10 +1407,11 @@ class ServerPoints(_PointStore):
 
     kind = "server"
 
-    def __init__(self, client: Any, collection: str, url: Optional[str] = None) -> None:
+    def __init__(self, client: Any, collection: str, url: Optional[str] = None, index_id: Optional[str] = None) -> None:
         self.client = client
         self.collection = collection
         self.url = url
+        self.index_id = index_id  # written into the metadata of the collection :meth:`create` makes
         self._closed = False
         self._indexes: Optional[Dict[str, IndexKind]] = None  # read from the collection on first use
 
@@ -1447,19 +1448,58 @@ class ServerPoints(_PointStore):
         return dict(self._indexes)
 
     def create(self, dense_dim: int) -> None:
-        """Create the collection (as :meth:`EdgePoints.create`); nothing when it exists."""
+        """Create the collection (as :meth:`EdgePoints.create`), marked with ``index_id`` in its
+        metadata (:func:`owner_metadata`); nothing when it exists."""
         from qdrant_client import models
 
         if self.exists():
             return
         _check_count("dense_dim", dense_dim)
-        self.client.create_collection(
-            self.collection,
-            vectors_config={DENSE_VECTOR: models.VectorParams(size=int(dense_dim), distance=models.Distance.COSINE)},
-            sparse_vectors_config=sparse_vectors_config(),
-        )
+        marked = {"metadata": owner_metadata(self.index_id)} if self.index_id else {}
+        try:
+            self.client.create_collection(
+                self.collection,
+                vectors_config={DENSE_VECTOR: models.VectorParams(size=int(dense_dim), distance=models.Distance.COSINE)},
+                sparse_vectors_config=sparse_vectors_config(),
+                **marked,
+            )
+        except TypeError as exc:
+            if "metadata" not in str(exc):
+                raise
+            raise RuntimeError(
+                f"this qdrant-client cannot write collection metadata ({exc}), which marks the collections an index "
+                "writes as its own: pip install 'qdrant-client>=1.16'"
+            ) from None
         self._indexes = {}
         self._create_indexes(KINDS_INDEX)
+        if self.index_id and self.owner() != self.index_id:
+            logger.warning(
+                "%s: the server did not keep the collection's metadata (Qdrant before 1.16?), so this index cannot "
+                "recognise the collection as its own later: replacing it (a rebuild, push_to) will be refused "
+                "unless forced (push_to(overwrite=True))",
+                self.location,
+            )
+
+    def owner(self) -> Optional[str]:
+        """The index id in the collection's metadata (:func:`metadata_owner`); None when the
+        collection is missing or carries none (another application's, or written before ids)."""
+        if not self.exists():
+            return None
+        return metadata_owner(getattr(self.client.get_collection(self.collection).config, "metadata", None))
+
+    def check_owner(self, storage_dir: Any) -> None:
+        """Refuse (:class:`ForeignCollectionError`) a collection marked as another index's than
+        ``index_id``'s (a folder without id accepts only unmarked ones, as it wrote them)."""
+        owner = self.owner()
+        if owner is not None and owner != self.index_id:
+            raise ForeignCollectionError(
+                self.collection,
+                self.url,
+                owner,
+                self.count(),
+                f"the index in {storage_dir} (id {self.index_id}) does not serve another index's points. Copy this "
+                "index there first (push_to, which replaces only a collection it wrote itself), or open it without qdrant_url=",
+            )
 
     def _create_indexes(self, plan: Mapping[str, IndexKind], wait: bool = True) -> None:
         """``wait=False``: the server builds the index in the background (a query that asked for it
@@ -1601,3 +1641,125 @@ class ServerPoints(_PointStore):
     def close(self) -> None:
         self._closed = True
         self.client.close()
+
+
+# ---------------------------------------------------------------------------- server namespace
+#: The key of this package's entry in the metadata of a server collection it wrote (Qdrant keeps
+#: collection metadata since 1.16): ``{OWNER_METADATA_KEY: {"index_id": <the index's id>}}``.
+OWNER_METADATA_KEY = "llama_index_retrieval_kit"
+#: Hex digits of the suffix of a build collection: ``<name>-<12 hex digits>``.
+BUILD_SUFFIX_HEX = 12
+_BUILD_SUFFIX = re.compile(rf"-[0-9a-f]{{{BUILD_SUFFIX_HEX}}}\Z")
+#: The longest name a server collection can be served under (its build collection stays within 128 characters).
+MAX_SERVED_NAME = 128 - 1 - BUILD_SUFFIX_HEX
+
+
+def owner_metadata(index_id: str) -> Dict[str, Any]:
+    """The collection metadata marking a collection as written by the index ``index_id``."""
+    return {OWNER_METADATA_KEY: {"index_id": index_id}}
+
+
+def metadata_owner(metadata: Any) -> Optional[str]:
+    """The index id a collection's metadata names (:func:`owner_metadata`), or None."""
+    entry = metadata.get(OWNER_METADATA_KEY) if isinstance(metadata, Mapping) else None
+    owner = entry.get("index_id") if isinstance(entry, Mapping) else None
+    return owner if isinstance(owner, str) else None
+
+
+def build_collection_name(name: str, token: Optional[str] = None) -> str:
+    """The name of a new collection built to be served as ``name``: ``<name>-<12 random hex digits>``."""
+    import secrets
+
+    token = token if token is not None else secrets.token_hex(BUILD_SUFFIX_HEX // 2)
+    built = f"{name}-{token}"
+    if not _BUILD_SUFFIX.fullmatch(f"-{token}") or len(built) > 128:
+        raise ValueError(f"cannot name a build collection of {name!r} with {token!r}")
+    return built
+
+
+def is_build_collection_name(name: str) -> bool:
+    """Whether ``name`` has the form of a build collection (``<name>-<12 hex digits>``)."""
+    return bool(_BUILD_SUFFIX.search(name)) and len(name) > BUILD_SUFFIX_HEX + 1
+
+
+def served_collection_name(collection: str) -> str:
+    """The name a collection is served under: a build collection's ``<name>``, else itself."""
+    return collection[: -(BUILD_SUFFIX_HEX + 1)] if is_build_collection_name(collection) else collection
+
+
+class ForeignCollectionError(ValueError):
+    """A server collection this index did not write (another index's, by its metadata, or
+    another application's) where replacing it or reading it as this index's would lose or leak data."""
+
+    def __init__(
+        self, collection: str, url: Optional[str], owner: Optional[str], points: int, advice: str, alias_of: Optional[str] = None
+    ) -> None:
+        self.collection = collection
+        self.url = url
+        self.owner = owner
+        self.points = points
+        self.alias_of = alias_of
+        whose = (
+            f"the index with id {owner}" if owner else "another application, or an index written before index ids (no index id in its metadata)"
+        )
+        where = f" at {url}" if url else ""
+        alias = f" (an alias of {alias_of!r})" if alias_of and alias_of != collection else ""
+        super().__init__(f"Qdrant collection {collection!r}{alias}{where} holds {points} point(s) written by {whose}; {advice}")
+
+
+class ServerCollections:
+    """The collections and aliases of a Qdrant server, as this package serves its indexes there.
+
+    An index's points go to a *build collection* ``<name>-<12 hex digits>`` (:func:`build_collection_name`),
+    created fresh by each build or push and marked with the index's id (:func:`owner_metadata`);
+    the alias ``<name>`` then names it (:meth:`serve`, one atomic alias update), and the build
+    collection it named before is deleted. A folder on the server reads its build collection
+    (``index.json``'s ``collection``); ``<name>`` is what other readers and
+    ``HybridIndex.load(dir, qdrant_url=)`` of an embedded folder use.
+    """
+
+    def __init__(self, client: Any, url: Optional[str] = None) -> None:
+        self.client = client
+        self.url = url
+
+    def _aliases(self) -> Dict[str, str]:
+        return {a.alias_name: a.collection_name for a in self.client.get_aliases().aliases}
+
+    def target(self, name: str) -> Optional[str]:
+        """The collection ``name`` refers to: the one the alias ``name`` names, ``name`` itself when
+        it is a collection, None when neither exists."""
+        aliases = self._aliases()
+        if name in aliases:
+            return aliases[name]
+        return name if self.client.collection_exists(name) else None
+
+    def owner(self, collection: str) -> Optional[str]:
+        """The index id in the metadata of ``collection`` (None: unmarked or missing)."""
+        return ServerPoints(self.client, collection, url=self.url).owner()
+
+    def count(self, collection: str) -> int:
+        """The number of points in ``collection`` (0 when missing)."""
+        return ServerPoints(self.client, collection, url=self.url).count()
+
+    def serve(self, name: str, collection: str) -> None:
+        """Make ``name`` name ``collection``: one alias update (readers of ``name`` see the previous
+        collection or this one, never none); a plain collection called ``name`` must be gone first."""
+        from qdrant_client import models
+
+        operations: List[Any] = []
+        if name in self._aliases():
+            operations.append(models.DeleteAliasOperation(delete_alias=models.DeleteAlias(alias_name=name)))
+        operations.append(models.CreateAliasOperation(create_alias=models.CreateAlias(collection_name=collection, alias_name=name)))
+        self.client.update_collection_aliases(change_aliases_operations=operations)
+
+    def delete(self, collection: str) -> None:
+        """Delete ``collection`` (and the aliases naming it)."""
+        self.client.delete_collection(collection)
+        logger.info("deleted Qdrant collection %r at %s", collection, self.url)
+
+    def builds_of(self, name: str, index_id: str) -> List[str]:
+        """The build collections of ``name`` marked with ``index_id`` (served, replaced or left by an interrupted build)."""
+        names = [c.name for c in self.client.get_collections().collections]
+        return sorted(
+            c for c in names if is_build_collection_name(c) and served_collection_name(c) == name and self.owner(c) == index_id
+        )

@@ -11,6 +11,7 @@ from llama_index.core.schema import BaseNode, Document, NodeRelationship, Relate
 
 from ..models import DEFAULT_EMBED_MODEL
 from ..retrievers.node_copy import copy_related
+from ..retrievers.node_identity import check_chunk_ids
 from .metadata import chunk_metadata, excluded_keys
 from .sections import HeadingRules, Section, compile_patterns, detect_headings, headings_from_outline, split_sections
 from .tokenization import BatchTokenSpanFn, batch_token_span_fn
@@ -236,8 +237,11 @@ class SectionAwareNodeParser(NodeParser):
         """Offsets, metadata and relationships are set at construction: nothing to redo.
 
         (LlamaIndex's default would re-find each chunk with ``str.find``, which picks the wrong
-        copy of repeated text, and would copy page tables into every chunk.)
+        copy of repeated text, and would copy page tables into every chunk.) Chunks of two
+        documents with one id (two Documents sharing ``metadata["doc_id"]``) are refused with
+        :class:`~..retrievers.node_identity.ChunkIdConflictError`: any store would keep one of them.
         """
+        check_chunk_ids(nodes)
         return nodes
 
 

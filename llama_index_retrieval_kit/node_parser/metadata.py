@@ -7,6 +7,7 @@ import uuid
 from typing import Any, Sequence
 
 from ..readers.base import DOCUMENT_ONLY_KEYS
+from ..retrievers.node_copy import copy_metadata
 
 #: Namespace for chunk ids: uuid5(namespace, "doc_id|kind|start|end").
 CHUNK_ID_NAMESPACE = uuid.UUID("6f1c8a52-3f0e-4c1b-9a55-5f3f1d6c2b10")
@@ -55,9 +56,12 @@ def chunk_metadata(
     section_title: str,
     section_path: Sequence[str],
 ) -> dict[str, Any]:
-    """Metadata for one chunk: the document's own keys (minus page tables) plus the contract."""
+    """Metadata for one chunk: the document's own keys (minus page tables) plus the contract.
+
+    Each value is the chunk's own copy (``copy_metadata``: lists and dicts at every depth), so
+    that editing one chunk's ``tags`` changes neither the document nor its other chunks."""
     page_starts = doc_metadata.get("page_starts") or []
-    meta = {k: v for k, v in doc_metadata.items() if k not in DOCUMENT_ONLY_KEYS}
+    meta = {k: copy_metadata(v) for k, v in doc_metadata.items() if k not in DOCUMENT_ONLY_KEYS}
     meta.update(
         {
             "doc_id": doc_id,

@@ -24,6 +24,8 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Unio
 from llama_index.core.readers.base import BasePydanticReader
 from llama_index.core.schema import Document
 
+from ..retrievers.node_copy import copy_metadata
+
 logger = logging.getLogger(__name__)
 
 PathLike = Union[str, Path]
@@ -151,7 +153,9 @@ class FileReader(BasePydanticReader):
                 continue
             doc_id = id_func(path)
             doc.id_ = doc_id
-            doc.metadata = {**(extra_info or {}), **doc.metadata}
+            # Each document its own copy of extra_info's values (lists, dicts): shared with neither
+            # the caller nor the other documents.
+            doc.metadata = {**copy_metadata(extra_info or {}), **doc.metadata}
             doc.metadata["doc_id"] = doc_id
             documents.append(doc)
         if failures:

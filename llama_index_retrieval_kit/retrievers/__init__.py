@@ -10,6 +10,7 @@ from .._lazy import lazy_exports
 _EXPORTS = {
     "BM25Retriever": ".bm25",
     "BM25TokenizerConfig": ".bm25",
+    "ChunkIdConflictError": ".node_identity",
     "DenseMatrix": ".exact_dense",
     "ExactDenseRetriever": ".exact_dense",
     "FilteredDense": ".exact_dense",
@@ -27,6 +28,7 @@ _EXPORTS = {
 __all__ = [
     "BM25Retriever",
     "BM25TokenizerConfig",
+    "ChunkIdConflictError",
     "DenseMatrix",
     "ExactDenseRetriever",
     "FilteredDense",
@@ -50,4 +52,5 @@ if TYPE_CHECKING:  # the real imports, for type checkers and IDEs
     from .fused_index import FusedIndexRetriever
     from .fusion import FusedNodeWithScore, IndexFusion, fuse_exact_scores, reciprocal_rank_fusion, score_fusion
     from .hybrid import HybridRetriever
+    from .node_identity import ChunkIdConflictError
     from .qdrant_hybrid import QdrantHybridRetriever

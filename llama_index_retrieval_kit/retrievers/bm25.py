@@ -6,7 +6,10 @@ Compared with LlamaIndex's own ``BM25Retriever`` (llama-index-retrievers-bm25) t
   so a reloaded retriever tokenizes queries exactly as the index was built and scores identically;
 * applies metadata filters per query, *before* taking the top k (all documents are scored, then
   filtered, then cut), so a filter never starves the result list while enough matches exist;
-* supports insert / replace / delete by node id or ref doc id without stale or duplicate chunks.
+* supports insert / replace / delete by node id or ref doc id without stale or duplicate chunks:
+  ``insert_nodes`` adds (replacing equal node ids, LlamaIndex's convention), ``replace_documents``
+  replaces whole documents, and a node id two documents would share is refused
+  (:class:`~.node_identity.ChunkIdConflictError`) instead of silently replacing a chunk.
 
 Scores are raw BM25 scores from bm25s. A node is returned only if it shares at least one query
 term with the query and its score is positive: with ``method="robertson"`` a term found in more
@@ -24,7 +27,7 @@ import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Collection, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import bm25s
 import bm25s.stopwords as bm25s_stopwords
@@ -42,6 +45,7 @@ from .bm25_counts import VECTORISED_METHODS, TermCounts, count_terms, counted_in
 from .checks import check_positive_int, check_query_text, checked_query
 from .filters import filter_mask, validate_filters
 from .node_copy import copy_node
+from .node_identity import check_chunk_ids
 
 logging.getLogger("bm25s").setLevel(logging.WARNING)  # bm25s sets its own logger to DEBUG on import
 logger = logging.getLogger(__name__)
@@ -290,7 +294,14 @@ class PackedTokens(Sequence[Tuple[str, ...]]):
 
 @dataclass(frozen=True, eq=False)
 class BM25Snapshot:
-    """An immutable state of the index: nodes, their bm25s index and tie-break order."""
+    """An immutable state of the index: nodes, their bm25s index and tie-break order.
+
+    Read-only internal state, handed out as is (no copy: the index and its filter-mask caches
+    rely on these very objects): ``nodes`` are the index's own node objects, not copies. Read
+    them; never change them (or their metadata, relationships, arrays): an edit would change what
+    filters match and what later queries return without updating the BM25 index. For nodes of
+    your own, use a retriever's results (copies) or ``node_copy.copy_node``.
+    """
 
     nodes: Tuple[BaseNode, ...]
     bm25: Optional[bm25s.BM25]  # None when no node has a single term
@@ -486,7 +497,7 @@ class BM25Retriever(BaseRetriever):
     Nodes are copied on insert (metadata deep-copied) and every result carries a fresh copy, so
     neither the caller's nodes nor downstream postprocessors can change what the index holds.
 
-    Updates (:meth:`insert_nodes`, :meth:`delete_ref_doc`, :meth:`delete_nodes`) make a new bm25s
+    Updates (:meth:`insert_nodes`, :meth:`replace_documents`, :meth:`delete_ref_doc`, :meth:`delete_nodes`) make a new bm25s
     index of the kept nodes plus the new ones. Tokens are kept (and persisted with the index), so
     only new text is tokenized; for ``lucene``, ``robertson`` and ``atire`` the term counts are
     kept too, so only new tokens are counted and the matrix (the one bm25s builds, bit for bit:
@@ -621,7 +632,8 @@ class BM25Retriever(BaseRetriever):
     @property
     def snapshot(self) -> BM25Snapshot:
         """The current immutable state (nodes in index order, bm25s index); an update swaps in a
-        new one, so holding this object pins one consistent state."""
+        new one, so holding this object pins one consistent state. Read-only internal state: its
+        nodes are the index's own objects, not copies (see :class:`BM25Snapshot`): never edit them."""
         return self._shared.snapshot
 
     def restore_snapshot(self, snapshot: BM25Snapshot) -> None:
@@ -652,27 +664,65 @@ class BM25Retriever(BaseRetriever):
     # ----- updates ----------------------------------------------------------------------------
 
     def insert_nodes(self, nodes: Sequence[BaseNode], tokens: Optional[Sequence[Sequence[str]]] = None) -> None:
-        """Add ``nodes``, first removing indexed nodes with the same node id or the same ref doc id.
+        """Add ``nodes``; an indexed node with the same node id is replaced (LlamaIndex's convention).
 
-        Inserting the new chunks of a document therefore replaces all its old chunks, even when the
-        new version has fewer or differently named chunks. Rebuilds the bm25s index (see class doc).
-        ``tokens``: each node's :meth:`node_tokens`, when the caller already has them (a node is
-        then tokenized once per upsert); not checked beyond their number.
+        Other nodes stay, those of the same documents included, so a document's chunks can be
+        inserted in several batches. To replace whole documents (their old chunks dropped even when
+        the new version has fewer or differently named ones) use :meth:`replace_documents`.
+        A node id already indexed for another document (ref doc id), or given to nodes of two
+        documents in ``nodes``, is refused with :class:`~.node_identity.ChunkIdConflictError`
+        before anything changes (it would silently replace that document's chunk).
+        Rebuilds the bm25s index (see class doc). ``tokens``: each node's :meth:`node_tokens`,
+        when the caller already has them (a node is then tokenized once); not checked beyond
+        their number.
         """
-        incoming = self._checked_copies(nodes)
-        if tokens is not None:
-            tokens = [list(t) for t in tokens]
-            if len(tokens) != len(incoming):
-                raise ValueError(f"got {len(incoming)} nodes but {len(tokens)} token lists")
+        incoming, tokens = self._incoming(nodes, tokens)
         if not incoming:
             return
         new_ids = {n.node_id for n in incoming}
-        new_refs = {n.ref_doc_id for n in incoming if n.ref_doc_id is not None}
-        self._rebuild(
-            lambda node_id, ref: node_id not in new_ids and (ref is None or ref not in new_refs),
+        self._rebuild(lambda node_id, ref: node_id not in new_ids, incoming, tokens, replaced_docs=frozenset())
+
+    def replace_documents(
+        self,
+        nodes: Sequence[BaseNode],
+        tokens: Optional[Sequence[Sequence[str]]] = None,
+        doc_ids: Sequence[str] = (),
+    ) -> int:
+        """Replace whole documents: remove every indexed node of the documents in ``doc_ids`` and of
+        those ``nodes`` belong to (their ref doc ids), and any indexed node with one of their node
+        ids, then add ``nodes``; one rebuild. Returns how many indexed nodes were removed.
+
+        This is how ``HybridIndex.upsert`` writes a new version of documents: old chunks go even
+        when the new version has fewer or differently named ones, and a document in ``doc_ids``
+        with no node in ``nodes`` is emptied. A node id already indexed for a document not being
+        replaced is refused with :class:`~.node_identity.ChunkIdConflictError`, as in
+        :meth:`insert_nodes`. ``tokens`` as in :meth:`insert_nodes`.
+        """
+        if isinstance(doc_ids, str) or not all(isinstance(d, str) for d in doc_ids):
+            raise ValueError(f"doc_ids must be a list of str document ids, got {doc_ids!r:.200}")
+        incoming, tokens = self._incoming(nodes, tokens)
+        replaced = frozenset(doc_ids) | {n.ref_doc_id for n in incoming if n.ref_doc_id is not None}
+        if not incoming and not replaced:
+            return 0
+        new_ids = {n.node_id for n in incoming}
+        return self._rebuild(
+            lambda node_id, ref: node_id not in new_ids and (ref is None or ref not in replaced),
             incoming,
             tokens,
+            replaced_docs=replaced,
         )
+
+    def _incoming(
+        self, nodes: Sequence[BaseNode], tokens: Optional[Sequence[Sequence[str]]]
+    ) -> Tuple[List[BaseNode], Optional[List[List[str]]]]:
+        """Copies of ``nodes`` (checked) and their token lists as lists (None: tokenized later)."""
+        incoming = self._checked_copies(nodes)
+        if tokens is None:
+            return incoming, None
+        token_lists = [list(t) for t in tokens]
+        if len(token_lists) != len(incoming):
+            raise ValueError(f"got {len(incoming)} nodes but {len(token_lists)} token lists")
+        return incoming, token_lists
 
     def delete_ref_doc(self, ref_doc_id: str) -> int:
         """Remove every node whose ref doc id is ``ref_doc_id``; returns how many were removed."""
@@ -684,13 +734,22 @@ class BM25Retriever(BaseRetriever):
         return self._rebuild(lambda node_id, ref: node_id not in drop, [])
 
     def _rebuild(
-        self, keep: Callable[[str, Optional[str]], bool], incoming: List[BaseNode], incoming_tokens: Optional[List[List[str]]] = None
+        self,
+        keep: Callable[[str, Optional[str]], bool],
+        incoming: List[BaseNode],
+        incoming_tokens: Optional[List[List[str]]] = None,
+        replaced_docs: Collection[str] = frozenset(),
     ) -> int:
         """Swap in a snapshot of the nodes that ``keep(node_id, ref_doc_id)`` keeps plus ``incoming``;
-        returns the number removed."""
+        returns the number removed. An incoming node id indexed for a document not in
+        ``replaced_docs`` is a :class:`~.node_identity.ChunkIdConflictError` (nothing changes)."""
         with self._shared.lock:
             old = self._shared.snapshot
             node_ids, refs = old.node_refs()
+            if incoming:
+                wanted = {n.node_id for n in incoming}
+                owners = {node_id: ref for node_id, ref in zip(node_ids, refs) if node_id in wanted}
+                check_chunk_ids(incoming, owners.get, replaced_docs)
             kept = [i for i, (node_id, ref) in enumerate(zip(node_ids, refs)) if keep(node_id, ref)]
             removed = len(old.nodes) - len(kept)
             if removed == 0 and not incoming:
@@ -722,6 +781,7 @@ class BM25Retriever(BaseRetriever):
         bad = [type(n).__name__ for n in nodes if not isinstance(n, BaseNode)]
         if bad:
             raise ValueError(f"nodes must be llama_index BaseNode objects, got {sorted(set(bad))}")
+        check_chunk_ids(nodes)  # two documents' nodes with one id: named as such
         _check_unique_ids(nodes)
         return [copy_node(n) for n in nodes]
 

@@ -81,14 +81,31 @@ one_blas_thread = _OneBlasThread()
 
 @dataclass(frozen=True)
 class DenseMatrix:
-    """Unit-length vectors (one row per node) and the nodes they belong to, in the same order."""
+    """Unit-length vectors (one row per node) and the nodes they belong to, in the same order.
+
+    Made by :meth:`build`, which gives it its own read-only ``vectors`` and (unless told the nodes
+    are already private) its own copies of the nodes: later changes to the caller's nodes or
+    arrays do not change what it filters on or returns. The matrix of ``HybridIndex.dense_matrix()``
+    holds the index's own nodes (its BM25 snapshot's): read-only internal state, never to be edited.
+    """
 
     vectors: np.ndarray
     nodes: Tuple[BaseNode, ...]
 
     @classmethod
-    def build(cls, nodes: Sequence[BaseNode], vectors: np.ndarray) -> "DenseMatrix":
-        """Normalise ``vectors`` to unit length (cosine = dot product) and pair them with ``nodes``."""
+    def build(cls, nodes: Sequence[BaseNode], vectors: np.ndarray, copy_nodes: bool = True) -> "DenseMatrix":
+        """Normalise ``vectors`` to unit length (cosine = dot product; a new array, read-only) and
+        pair them with ``nodes``.
+
+        ``copy_nodes``: keep copies of ``nodes`` (``copy_node``: metadata and relationships at
+        every depth, ~4 us per node), so that a caller editing its nodes afterwards (a tenant
+        moved in its metadata) changes neither filtering nor results. ``False`` keeps ``nodes``
+        as given (a tuple as the very same object): only for nodes nobody else holds or changes,
+        as an index's private, immutable state (``HybridIndex`` builds its matrix from its BM25
+        snapshot's nodes this way, sharing their per-state filter masks).
+        """
+        if not isinstance(copy_nodes, bool):
+            raise ValueError(f"copy_nodes must be True or False, got {copy_nodes!r}")
         matrix = np.asarray(vectors, dtype=np.float32)
         if matrix.ndim != 2 or matrix.shape[0] != len(nodes):
             raise ValueError(f"{len(nodes)} nodes need a (nodes, dimension) matrix of vectors; got shape {matrix.shape}")
@@ -97,7 +114,9 @@ class DenseMatrix:
         peaks = np.abs(matrix).max(axis=1, keepdims=True) if matrix.size else np.ones((len(matrix), 1), np.float32)
         matrix = matrix / np.where(peaks > 0, peaks, 1.0).astype(np.float32)
         norms = np.linalg.norm(matrix, axis=1, keepdims=True)
-        return cls(np.ascontiguousarray(matrix / np.where(norms > 0, norms, 1.0)), tuple(nodes))
+        unit = np.ascontiguousarray(matrix / np.where(norms > 0, norms, 1.0))
+        unit.setflags(write=False)  # handed out by HybridIndex.dense_matrix(): nobody writes the index's vectors
+        return cls(unit, tuple(map(copy_node, nodes)) if copy_nodes else tuple(nodes))
 
     def __len__(self) -> int:
         return len(self.nodes)

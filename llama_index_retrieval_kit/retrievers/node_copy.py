@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import copy
-from typing import Any
+import enum
+import types
+import typing
+from typing import Any, Dict, Tuple
 
 from llama_index.core.schema import BaseNode, RelatedNodeInfo
+from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from .._models import assemble
@@ -14,6 +18,10 @@ _IMMUTABLE = (str, int, float, bool, bytes, type(None))
 #: List fields of a node that :func:`copy_node` copies one level deep (besides ``relationships``).
 _LIST_FIELDS = ("excluded_embed_metadata_keys", "excluded_llm_metadata_keys", "embedding")
 _IMMUTABLE_TYPES = frozenset(_IMMUTABLE)
+#: Fields :func:`copy_node` copies itself whatever the node class.
+_HANDLED_FIELDS = frozenset(("metadata", "relationships") + _LIST_FIELDS)
+#: Per node class: its other fields that may hold something mutable (see :func:`_mutable_fields`).
+_MUTABLE_FIELDS: Dict[type, Tuple[str, ...]] = {}
 
 
 def copy_metadata(value: Any) -> Any:
@@ -52,9 +60,62 @@ def copy_related(info: Any) -> Any:
     return copy.deepcopy(info)  # a subclass or anything else: correct before fast
 
 
+def _holds_only_immutable(annotation: Any) -> bool:
+    """True when every value the type ``annotation`` admits is immutable (scalars, enums, and
+    Optional/Union/Literal/Annotated of them)."""
+    if annotation in _IMMUTABLE_TYPES or annotation is type(None):
+        return True
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        return True
+    origin = typing.get_origin(annotation)
+    if origin is typing.Literal:
+        return True
+    if origin is typing.Annotated:
+        return _holds_only_immutable(typing.get_args(annotation)[0])
+    if origin is typing.Union or origin is types.UnionType:  # Optional[X], X | None
+        return all(_holds_only_immutable(arg) for arg in typing.get_args(annotation))
+    return False
+
+
+def _mutable_fields(cls: type) -> Tuple[str, ...]:
+    """The fields of node class ``cls`` besides those :func:`copy_node` always copies whose type
+    admits a mutable value: ``text_resource`` and the other ``MediaResource`` fields of
+    ``Document``/``Node``, ``ImageNode.text_embedding``; none for ``TextNode``. A field typed
+    ``Any`` (``IndexNode.obj``: a retriever or query engine) is a reference, shared. Worked out
+    once per class."""
+    names = _MUTABLE_FIELDS.get(cls)
+    if names is None:
+        names = tuple(
+            name
+            for name, field in cls.model_fields.items()
+            if name not in _HANDLED_FIELDS and field.annotation is not Any and not _holds_only_immutable(field.annotation)
+        )
+        _MUTABLE_FIELDS[cls] = names
+    return names
+
+
+def copy_field_value(value: Any) -> Any:
+    """A copy of a node field's value: a pydantic model (a ``MediaResource``) as a shallow copy
+    whose values are copied as metadata values are (:func:`copy_metadata`: its ``embeddings``
+    dict of lists copied, text/bytes/None shared; ~1 us), anything else by :func:`copy_metadata`."""
+    if isinstance(value, BaseModel):
+        extra = value.__pydantic_extra__
+        private = getattr(value, "__pydantic_private__", None)
+        return assemble(
+            type(value),
+            {k: v if type(v) in _IMMUTABLE_TYPES else copy_metadata(v) for k, v in value.__dict__.items()},
+            set(value.__pydantic_fields_set__),
+            extra=None if extra is None else copy_metadata(extra),
+            private=None if private is None else {k: v for k, v in private.items() if v is not PydanticUndefined},
+        )
+    return copy_metadata(value)
+
+
 def copy_node(node: BaseNode) -> BaseNode:
     """A shallow copy of ``node`` with its own copy of the metadata and of its relationships
-    (every depth), and of its excluded-key lists and embedding (one level).
+    (every depth), of its excluded-key lists and embedding (one level), and of any other field
+    that may hold something mutable (:func:`copy_field_value`: ``text_resource`` and the other
+    ``MediaResource`` fields of a ``Document``; a ``TextNode`` has none).
 
     Enough that neither the caller nor a downstream postprocessor can change the text (strings
     are immutable; assigning ``node.text`` rebinds the copy's field), the metadata (which
@@ -76,6 +137,11 @@ def copy_node(node: BaseNode) -> BaseNode:
         value = values.get(name)
         if value is not None:
             values[name] = list(value)
+    names = _MUTABLE_FIELDS.get(type(node))
+    for name in names if names is not None else _mutable_fields(type(node)):
+        value = values.get(name)
+        if value is not None:
+            values[name] = copy_field_value(value)
     fields_set = set(node.__pydantic_fields_set__)
     fields_set.add("metadata")
     extra = node.__pydantic_extra__

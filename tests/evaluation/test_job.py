@@ -532,3 +532,18 @@ def test_an_index_open_elsewhere_is_refused_and_left_intact(job_copy: Path) -> N
             _rerun(job_copy)
         assert sorted(p.relative_to(storage) for p in storage.rglob("*")) == files_before
         assert open_index.as_retriever(mode="sparse", similarity_top_k=2).retrieve("annual fee")
+
+
+def test_an_eval_config_keeps_its_own_parser_args() -> None:
+    """The caller's nested node_parser lists edited after reading: the config and its chunking key stay."""
+    from llama_index_retrieval_kit.evaluation.configs import config_from_dict
+
+    data = {"retriever": "hybrid", "node_parser": {"class": "SectionWindowNodeParser", "heading_patterns": ["^X"]}}
+    config = config_from_dict(data)
+    key = config.chunking_key()
+    data["node_parser"]["heading_patterns"].append("^Y")
+    assert config.parser_args == {"heading_patterns": ["^X"]} and config.chunking_key() == key
+    args = {"heading_patterns": ["^X"]}
+    direct = EvalConfig(name="d", retriever="hybrid", node_parser="SectionWindowNodeParser", parser_args=args)
+    args["heading_patterns"].append("^Y")
+    assert direct.parser_args == {"heading_patterns": ["^X"]}

@@ -84,3 +84,14 @@ def test_empty_index_answers_nothing(tmp_path: Path, embed_model) -> None:
     with HybridIndex.from_documents([], tmp_path / "empty", embed_model=embed_model) as idx:
         assert idx.as_retriever("dense").retrieve("anything") == []
         assert idx.as_retriever("hybrid").retrieve("anything") == []
+
+
+def test_the_dense_matrix_handed_out_is_read_only_and_pairs_the_bm25_snapshot(index: HybridIndex) -> None:
+    """``dense_matrix()`` hands out the index's own vectors: read-only, so that a caller writing
+    into them cannot change later rankings. Its nodes are the BM25 snapshot's own (the no-copy
+    path of ``DenseMatrix.build``: one set of nodes in memory, filter masks shared by the legs)."""
+    matrix = index.dense_matrix()
+    assert len(matrix) > 0 and not matrix.vectors.flags.writeable
+    with pytest.raises(ValueError, match="read-only"):
+        matrix.vectors[:] = 0.0
+    assert matrix.nodes is index.bm25.snapshot.nodes

@@ -129,3 +129,32 @@ def test_array_fusion_equals_generic_fusion_under_filters(filter_index: HybridIn
     )
     got, want = fast.retrieve(qb), generic.retrieve(qb)
     assert [(r.node.node_id, r.score, r.leg_ranks) for r in got] == [(r.node.node_id, r.score, r.leg_ranks) for r in want]
+
+
+@pytest.mark.parametrize(
+    "mode, options",
+    [
+        ("dense", {"dense_search": "memory"}),
+        ("hybrid_score", {"dense_search": "memory"}),
+        ("dense", {"dense_search": "qdrant"}),
+        ("hybrid_score", {"dense_search": "qdrant"}),
+        ("hybrid_rrf", {"dense_search": "qdrant"}),
+        ("qdrant_hybrid", {}),
+        ("sparse", {}),
+    ],
+)
+def test_a_filter_changed_in_place_is_followed_by_the_retriever_built_with_it(
+    filter_index: HybridIndex, mode: str, options: dict
+) -> None:
+    """A caller reusing one MetadataFilters object for the next tenant: every leg, the Qdrant-side
+    ones included, answers for the filter's current value, as a retriever built anew would."""
+    qb = _support.query_bundles()[0]
+    flt = MetadataFilters(filters=[MetadataFilter(key="doc_id", value=DOC_IDS[0])])
+    retriever = filter_index.as_retriever(mode, similarity_top_k=100, filters=flt, **options)
+    assert {r.node.metadata["doc_id"] for r in retriever.retrieve(qb)} == {DOC_IDS[0]}
+
+    flt.filters[0].value = DOC_IDS[1]  # the same object, now another document
+    after = retriever.retrieve(qb)
+    fresh = filter_index.as_retriever(mode, similarity_top_k=100, filters=flt, **options).retrieve(qb)
+    assert after and {r.node.metadata["doc_id"] for r in after} == {DOC_IDS[1]}
+    assert [r.node.node_id for r in after] == [r.node.node_id for r in fresh]

@@ -293,24 +293,26 @@ def make_build(root: Path, marker: str) -> Path:
 
 def test_publish_folder_new_replacing_and_into_a_non_index_folder(tmp_path: Path) -> None:
     target = tmp_path / "idx"
-    storage.publish_folder(make_build(tmp_path, "one"), target)
+    assert storage.publish_new_folder(make_build(tmp_path, "one"), target)
     assert (target / "index.json").read_text() == "one" and not storage.building_dir(target).exists()
 
-    storage.publish_folder(make_build(tmp_path, "two"), target)  # replaces an index: old one aside
+    build = make_build(tmp_path, "two")
+    assert not storage.publish_new_folder(build, target)  # it exists: nothing done
+    (target / "mine.txt").write_text("keep me")
+    storage.publish_into(build, target, "b" * 32)  # replaces the index's entries only
     assert (target / "index.json").read_text() == "two" and (target / "qdrant" / "data").read_text() == "two"
-    assert (storage.replaced_dir(target) / "index.json").read_text() == "one"
-    storage.remove_path(storage.replaced_dir(target))
+    assert (target / "mine.txt").read_text() == "keep me"
+    assert not build.exists() and not (target / storage.PUBLISH_MARKER).exists()
 
     other = tmp_path / "notes"
     other.mkdir()
     (other / "mine.txt").write_text("keep me")
-    (other / "qdrant").mkdir()  # a stale entry of the same name is moved aside, not merged
     build = storage.building_dir(other)
     build.mkdir()
     (build / "qdrant").mkdir()
     (build / "qdrant" / "data").write_text("three")
     (build / "index.json").write_text("three")
-    storage.publish_folder(build, other)
+    storage.publish_into(build, other, "c" * 32)
     assert (other / "mine.txt").read_text() == "keep me" and (other / "index.json").read_text() == "three"
     assert (other / "qdrant" / "data").read_text() == "three" and not build.exists()
 

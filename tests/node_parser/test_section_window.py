@@ -11,7 +11,7 @@ from llama_index.core import Document
 from llama_index.core.ingestion import IngestionCache, IngestionPipeline
 from llama_index.core.schema import MetadataMode, NodeRelationship
 
-from llama_index_retrieval_kit import PagedPDFReader, SectionWindowNodeParser
+from llama_index_retrieval_kit import PagedPDFReader, SectionHierarchyNodeParser, SectionWindowNodeParser
 from llama_index_retrieval_kit.samples import sample_files
 
 WORDS = st.sampled_from(
@@ -119,6 +119,29 @@ def test_documents_are_not_mutated(parser: SectionWindowNodeParser) -> None:
     nodes[0].relationships[NodeRelationship.SOURCE].metadata["page_starts"].append(7)
     assert all(n.relationships[NodeRelationship.SOURCE].metadata["page_starts"] == [0] for n in nodes[1:])
 
+
+
+@pytest.mark.parametrize(
+    "parse",
+    [
+        lambda docs: SectionWindowNodeParser(chunk_size=32, chunk_overlap=4).get_nodes_from_documents(docs),
+        lambda docs: SectionHierarchyNodeParser(parent_chunk_size=96, child_chunk_size=24).get_nodes_from_documents(docs),
+        lambda docs: IngestionPipeline(transformations=[SectionWindowNodeParser(chunk_size=32, chunk_overlap=4)]).run(documents=docs),
+    ],
+    ids=["window", "hierarchy", "ingestion_pipeline"],
+)
+def test_chunks_have_their_own_list_and_dict_metadata(parse) -> None:
+    """A document's list/dict metadata values (tags, ACLs) are copied into each chunk: editing one
+    chunk's changes neither the document nor the document's other chunks."""
+    doc = Document(
+        text=sample_files()[0].read_text(), id_="terms", metadata={"doc_id": "terms", "tags": ["t1"], "acl": {"groups": ["g1"]}}
+    )
+    nodes = parse([doc])
+    assert len(nodes) >= 3
+    nodes[0].metadata["tags"].append("edited")
+    nodes[0].metadata["acl"]["groups"].append("everyone")
+    assert doc.metadata == {"doc_id": "terms", "tags": ["t1"], "acl": {"groups": ["g1"]}}
+    assert all(n.metadata["tags"] == ["t1"] and n.metadata["acl"] == {"groups": ["g1"]} for n in nodes[1:])
 
 def test_contextual_header_changes_embedding_text_only() -> None:
     doc = Document(text=sample_files()[0].read_text(), id_="terms", metadata={"doc_id": "terms"})

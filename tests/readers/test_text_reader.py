@@ -59,3 +59,17 @@ def test_an_unexpected_reader_error_never_loses_the_other_files(tmp_path, monkey
     assert [d.metadata["file_name"] for d in err.value.documents] == ["good.txt"]
     assert "bad.txt" in str(err.value) and "KeyError" in str(err.value)
     assert [d.metadata["file_name"] for d in TextFileReader().load_data([good, bad], skip_errors=True)] == ["good.txt"]
+
+
+def test_extra_info_values_are_copied_into_each_document(tmp_path: Path) -> None:
+    """``extra_info``'s list/dict values: each document gets its own copy, so that editing one
+    document's ``tags`` changes neither the caller's mapping nor the other documents."""
+    for name in ("a.txt", "b.txt"):
+        (tmp_path / name).write_text(f"Text of {name}.")
+    extra = {"tenant": "A", "tags": ["x"], "acl": {"groups": ["g1"]}}
+    docs = TextFileReader().load_data([tmp_path / "a.txt", tmp_path / "b.txt"], extra_info=extra)
+    docs[0].metadata["tags"].append("only-a")
+    docs[0].metadata["acl"]["groups"].append("everyone")
+    assert extra == {"tenant": "A", "tags": ["x"], "acl": {"groups": ["g1"]}}
+    assert docs[1].metadata["tags"] == ["x"] and docs[1].metadata["acl"] == {"groups": ["g1"]}
+    assert docs[0].metadata["tenant"] == docs[1].metadata["tenant"] == "A"

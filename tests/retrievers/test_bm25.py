@@ -11,10 +11,11 @@ from typing import Dict, List, Optional, Tuple
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from llama_index.core.schema import MetadataMode, NodeRelationship, RelatedNodeInfo, TextNode
+from llama_index.core.node_parser import SentenceSplitter
+from llama_index.core.schema import Document, MetadataMode, NodeRelationship, RelatedNodeInfo, TextNode
 from llama_index.core.vector_stores.types import FilterOperator, MetadataFilter, MetadataFilters
 
-from llama_index_retrieval_kit.retrievers import BM25Retriever, BM25TokenizerConfig
+from llama_index_retrieval_kit.retrievers import BM25Retriever, BM25TokenizerConfig, ChunkIdConflictError
 from llama_index_retrieval_kit.retrievers.bm25 import PackedTokens
 
 from ._strategies import WORDS, corpus_st, filters_st, oracle_matches, query_st
@@ -191,7 +192,7 @@ def test_loaded_index_updates_like_a_fresh_one(tmp_path: Path, corpus: List[Text
     BM25Retriever.from_nodes(corpus).persist(tmp_path)
     loaded = BM25Retriever.load(tmp_path, similarity_top_k=10)
     new = chunk("d1-0", "A new annual fee schedule.", "d1")
-    loaded.insert_nodes([new])
+    loaded.replace_documents([new])
     fresh = BM25Retriever.from_nodes([n for n in corpus if n.ref_doc_id != "d1"] + [new], similarity_top_k=10)
     for query in ["annual fee", "payment", "interest balance"]:
         assert ranked(loaded, query) == ranked(fresh, query)
@@ -209,7 +210,7 @@ def test_first_update_after_load_tokenizes_only_the_new_nodes(tmp_path: Path, co
     loaded = BM25Retriever.load(tmp_path, custom_tokenizer=counting_bigrams, similarity_top_k=10)
     calls.clear()
     new = chunk("d1-0", "A new annual fee schedule.", "d1")
-    loaded.insert_nodes([new])
+    loaded.replace_documents([new])
     assert calls == ["a new annual fee schedule."]  # lowercased first; the indexed nodes' tokens came from disk
     fresh = BM25Retriever.from_nodes([n for n in corpus if n.ref_doc_id != "d1"] + [new], tokenizer_config=config, similarity_top_k=10)
     for query in ["annual fee", "payment", "interest balance"]:
@@ -334,10 +335,10 @@ def test_filter_isolation(nodes: List[TextNode], filters: MetadataFilters, query
 # ----- updates -----------------------------------------------------------------------------------
 
 
-def test_insert_replaces_old_chunks_of_a_document(corpus: List[TextNode]) -> None:
+def test_replace_documents_replaces_every_old_chunk_of_a_document(corpus: List[TextNode]) -> None:
     bm25 = BM25Retriever.from_nodes(corpus, similarity_top_k=20)
     new_version = [chunk("d1-v2-0", "The annual fee is now waived.", "d1", lang="en", year=2024)]
-    bm25.insert_nodes(new_version)
+    assert bm25.replace_documents(new_version) == 2  # d1-0 and d1-1, though no new id matches them
     ids = [n.node_id for n in bm25.nodes]
     assert len(ids) == len(set(ids))
     assert "d1-0" not in ids and "d1-1" not in ids and "d1-v2-0" in ids
@@ -359,33 +360,56 @@ def test_insert_same_node_id_updates_and_delete(corpus: List[TextNode]) -> None:
     assert ranked(bm25, "disputes") == [] and ranked(bm25, "Jahresgebühr") == []
 
 
+NODE_BATCH = st.lists(
+    st.tuples(st.sampled_from(["c0", "c1", "c2", "c3"]), st.sampled_from(["docA", "docB", None]), st.lists(st.sampled_from(WORDS), max_size=4)),
+    min_size=1,
+    max_size=3,
+    unique_by=lambda t: t[0],
+)
 op_st = st.one_of(
-    st.tuples(
-        st.just("insert"),
-        st.lists(
-            st.tuples(st.sampled_from(["c0", "c1", "c2", "c3"]), st.sampled_from(["docA", "docB", None]), st.lists(st.sampled_from(WORDS), max_size=4)),
-            min_size=1,
-            max_size=3,
-            unique_by=lambda t: t[0],
-        ),
-    ),
+    st.tuples(st.just("insert"), NODE_BATCH),
+    st.tuples(st.just("replace"), NODE_BATCH, st.lists(st.sampled_from(["docA", "docB"]), max_size=2)),
     st.tuples(st.just("delete_ref"), st.sampled_from(["docA", "docB"])),
     st.tuples(st.just("delete_nodes"), st.lists(st.sampled_from(["c0", "c1", "c2", "c3"]), max_size=2)),
 )
 
 
-@settings(max_examples=40, deadline=None)
+def _model_conflicts(model: Dict[str, TextNode], batch: List[TextNode], replaced: set) -> List[str]:
+    """Node ids of ``batch`` held by another document that the write does not replace."""
+    return [
+        n.node_id
+        for n in batch
+        for owner in [model[n.node_id].ref_doc_id if n.node_id in model else None]
+        if n.ref_doc_id is not None and owner is not None and owner != n.ref_doc_id and owner not in replaced
+    ]
+
+
+@settings(max_examples=60, deadline=None)
 @given(ops=st.lists(op_st, max_size=6), query=query_st)
 def test_updates_match_a_model_and_a_fresh_build(ops: list, query: str) -> None:
+    """insert_nodes replaces by node id only; replace_documents also drops the documents' other nodes;
+    a node id held by another document is refused and changes nothing."""
     bm25 = BM25Retriever.from_nodes([], tokenizer_config=PLAIN, similarity_top_k=10)
     model: Dict[str, TextNode] = {}
     for op in ops:
-        if op[0] == "insert":
+        if op[0] in ("insert", "replace"):
             batch = [chunk(f"{node_id}", " ".join(words), doc) for node_id, doc, words in op[1]]
-            refs = {n.ref_doc_id for n in batch if n.ref_doc_id}
-            model = {k: v for k, v in model.items() if k not in {n.node_id for n in batch} and v.ref_doc_id not in refs}
+            ids = {n.node_id for n in batch}
+            replaced = set(op[2]) | {n.ref_doc_id for n in batch if n.ref_doc_id} if op[0] == "replace" else set()
+            before = bm25.snapshot
+            if _model_conflicts(model, batch, replaced):
+                with pytest.raises(ChunkIdConflictError) as caught:
+                    bm25.insert_nodes(batch) if op[0] == "insert" else bm25.replace_documents(batch, doc_ids=op[2])
+                assert {c.chunk_id for c in caught.value.conflicts} == set(_model_conflicts(model, batch, replaced))
+                assert bm25.snapshot is before
+                continue
+            model = {k: v for k, v in model.items() if k not in ids and v.ref_doc_id not in replaced}
             model.update({n.node_id: n for n in batch})
-            bm25.insert_nodes(batch)
+            if op[0] == "insert":
+                bm25.insert_nodes(batch)
+            else:
+                removed = bm25.replace_documents(batch, doc_ids=op[2])
+                assert removed == len(before.nodes) + len(batch) - len(bm25.snapshot.nodes)
         elif op[0] == "delete_ref":
             model = {k: v for k, v in model.items() if v.ref_doc_id != op[1]}
             bm25.delete_ref_doc(op[1])
@@ -397,6 +421,57 @@ def test_updates_match_a_model_and_a_fresh_build(ops: list, query: str) -> None:
     assert {n.node_id: n.text for n in bm25.nodes} == {k: v.text for k, v in model.items()}
     fresh = BM25Retriever.from_nodes(list(model.values()), tokenizer_config=PLAIN, similarity_top_k=10)
     assert ranked(bm25, query) == ranked(fresh, query)
+
+
+def test_insert_nodes_in_batches_keeps_every_chunk_of_a_document() -> None:
+    """LlamaIndex's convention (a pipeline or a streaming loader inserts a document's chunks in batches)."""
+    doc = Document(id_="handbook.md", text=" ".join(f"Policy {i}: employees get {i} extra days for reason{i}." for i in range(300)))
+    nodes = SentenceSplitter(chunk_size=128, chunk_overlap=0).get_nodes_from_documents([doc])
+    assert len(nodes) > 10 and {n.ref_doc_id for n in nodes} == {"handbook.md"}
+    bm25 = BM25Retriever([], similarity_top_k=5)
+    half = len(nodes) // 2
+    bm25.insert_nodes(nodes[:half])
+    bm25.insert_nodes(nodes[half:])
+    assert sorted(n.node_id for n in bm25.nodes) == sorted(n.node_id for n in nodes)
+    fresh = BM25Retriever(nodes, similarity_top_k=5)
+    for query in ("reason3 extra days", "reason297", "Policy 150"):
+        assert ranked(bm25, query) == ranked(fresh, query) and ranked(bm25, query)
+
+
+def test_a_node_id_of_another_document_is_refused_and_changes_nothing(corpus: List[TextNode]) -> None:
+    bm25 = BM25Retriever.from_nodes(corpus, similarity_top_k=20)
+    before = bm25.snapshot
+    page2 = chunk("d1-0", "Page two: the late fee is 40 dollars.", "d1-page2")
+    page2.metadata["doc_id"] = "report"
+    for write in (lambda: bm25.insert_nodes([page2]), lambda: bm25.replace_documents([page2])):
+        with pytest.raises(ChunkIdConflictError) as caught:
+            write()
+        message = str(caught.value)
+        assert "'d1-0'" in message and "'d1'" in message and "'d1-page2'" in message
+        assert "metadata['doc_id']='report'" in message and "give each Document its own metadata['doc_id']" in message
+        assert [(c.chunk_id, c.indexed_doc, c.incoming_doc) for c in caught.value.conflicts] == [("d1-0", "d1", "d1-page2")]
+        assert bm25.snapshot is before
+    # replacing d1 itself in the same call frees its ids
+    assert bm25.replace_documents([page2], doc_ids=["d1"]) == 2
+    assert {n.node_id: n.ref_doc_id for n in bm25.nodes}["d1-0"] == "d1-page2"
+    # two documents' nodes with one id in one batch, and a node of no document (replaced by id)
+    with pytest.raises(ChunkIdConflictError, match="'x'.*'a'.*'b'"):
+        BM25Retriever([chunk("x", "one", "a"), chunk("x", "two", "b")])
+    with pytest.raises(ValueError, match="node ids must be unique within one call"):
+        bm25.insert_nodes([chunk("y", "one", "a"), chunk("y", "two", "a")])
+    bm25.insert_nodes([chunk("d3-0", "no document")])
+    assert "d3-1" in {n.node_id for n in bm25.nodes}
+
+
+def test_replace_documents_empties_a_document_given_by_id(corpus: List[TextNode]) -> None:
+    bm25 = BM25Retriever.from_nodes(corpus, similarity_top_k=20)
+    assert bm25.replace_documents([], doc_ids=["d3", "missing"]) == 2
+    assert sorted(n.node_id for n in bm25.nodes) == ["d1-0", "d1-1", "d2-0"]
+    before = bm25.snapshot
+    assert bm25.replace_documents([], doc_ids=["missing"]) == 0 and bm25.snapshot is before
+    for bad in ("d1", [1]):
+        with pytest.raises(ValueError, match="doc_ids must be a list of str document ids"):
+            bm25.replace_documents([], doc_ids=bad)  # type: ignore[arg-type]
 
 
 # ----- no mutation -------------------------------------------------------------------------------
@@ -442,6 +517,21 @@ def test_relationships_are_shared_with_neither_the_caller_nor_the_results() -> N
     result.relationships[NodeRelationship.SOURCE].node_id = "changed"
     result.relationships[NodeRelationship.CHILD][0].metadata["page"] = 7
     assert bm25.retrieve("zeppelin")[0].node.to_dict() == want
+
+
+
+def test_indexed_documents_text_resource_is_shared_with_neither_caller_nor_results() -> None:
+    """Whole ``Document`` objects indexed (their text lives in ``text_resource``, a pydantic model):
+    editing a result's, or the caller's, text resource changes neither the index nor later results."""
+    from llama_index.core.schema import Document
+
+    doc = Document(id_="D", text="annual fee is ninety five dollars", metadata={"doc_id": "D"})
+    other = Document(id_="E", text="refund policy lasts thirty days", metadata={"doc_id": "E"})
+    bm25 = BM25Retriever.from_nodes([doc, other], similarity_top_k=1)
+    bm25.retrieve("annual fee")[0].node.text_resource.text = "overwritten by a caller editing its result"
+    assert doc.text == "annual fee is ninety five dollars"
+    doc.text_resource.text = "the caller reuses its document"
+    assert bm25.retrieve("annual fee")[0].node.text == "annual fee is ninety five dollars"
 
 
 # ----- query input ---------------------------------------------------------------------------------

@@ -91,6 +91,40 @@ def test_retriever_returns_copies_and_follows_the_matrix_it_is_given() -> None:
         ExactDenseRetriever(lambda: current["m"], MockEmbedding(embed_dim=3), similarity_top_k=0)
 
 
+
+def test_a_built_matrix_keeps_its_own_nodes_and_read_only_vectors() -> None:
+    """``DenseMatrix.build`` copies the caller's nodes: the caller moving a node to another tenant
+    afterwards changes neither filtering nor results. Its vectors are a new read-only array."""
+    from llama_index.core.vector_stores.types import MetadataFilter, MetadataFilters
+
+    nodes = [TextNode(id_=f"n{i}", text=f"chunk {i}", metadata={"tenant": "A" if i < 2 else "B", "tags": ["t"]}) for i in range(4)]
+    vectors = np.random.default_rng(0).normal(size=(4, DIM)).astype(np.float32)
+    matrix = DenseMatrix.build(nodes, vectors)
+    assert [n.to_dict() for n in matrix.nodes] == [n.to_dict() for n in nodes]
+    assert not any(a is b or a.metadata["tags"] is b.metadata["tags"] for a, b in zip(matrix.nodes, nodes))
+    tenant_a = MetadataFilters(filters=[MetadataFilter(key="tenant", value="A")])
+    retriever = ExactDenseRetriever(lambda: matrix, MockEmbedding(embed_dim=DIM), similarity_top_k=4, filters=tenant_a)
+    before = [r.node.node_id for r in retriever.retrieve("q")]
+    nodes[0].metadata["tenant"] = "B"  # the caller's own list, edited afterwards
+    results = retriever.retrieve("q")
+    assert set(before) == {"n0", "n1"} and [r.node.node_id for r in results] == before
+    assert all(r.node.metadata["tenant"] == "A" for r in results)
+
+    assert not matrix.vectors.flags.writeable and not np.shares_memory(matrix.vectors, vectors)
+    with pytest.raises(ValueError, match="read-only"):
+        matrix.vectors[0, 0] = 1.0
+    assert vectors.flags.writeable  # the caller's array is left as it was
+
+
+def test_copy_nodes_false_keeps_private_nodes_as_given() -> None:
+    """The no-copy path for nodes nobody else holds (an index's own snapshot): the same tuple object."""
+    nodes = tuple(TextNode(id_=f"n{i}", text=f"chunk {i}") for i in range(3))
+    matrix = DenseMatrix.build(nodes, np.eye(3, dtype=np.float32), copy_nodes=False)
+    assert matrix.nodes is nodes and not matrix.vectors.flags.writeable
+    with pytest.raises(ValueError, match="copy_nodes must be True or False, got 'no'"):
+        DenseMatrix.build(nodes, np.eye(3, dtype=np.float32), copy_nodes="no")
+
+
 # ----- query input ---------------------------------------------------------------------------------
 
 

@@ -116,3 +116,32 @@ def test_trusted_fused_results_equal_validated_ones() -> None:
     assert trusted == checked and trusted.model_dump() == checked.model_dump() and trusted.to_dict() == checked.to_dict()
     assert trusted.__pydantic_fields_set__ == checked.__pydantic_fields_set__
     assert trusted.get_content() == "t" and trusted.node_id == "n1"
+
+
+def test_a_documents_media_resources_are_copied() -> None:
+    """``Document.text_resource`` (a pydantic ``MediaResource``) and the other resources: the copy
+    has its own, so that editing a result's resource leaves the index's node alone."""
+    from llama_index.core.schema import Document, MediaResource
+
+    doc = Document(id_="D", text="annual fee is 95 dollars", metadata={"doc_id": "D"})
+    doc.image_resource = MediaResource(url="http://example.org/a.png", embeddings={"dense": [0.1, 0.2]})
+    before = doc.to_dict()
+    copied = copy_node(doc)
+    assert copied.to_dict() == before and copied.text == doc.text and copied.hash == doc.hash
+    copied.text_resource.text = "overwritten"
+    copied.image_resource.embeddings["dense"].append(0.3)
+    copied.image_resource.embeddings["sparse"] = [1.0]
+    assert doc.to_dict() == before and doc.text == "annual fee is 95 dollars"
+
+
+def test_other_node_classes_fields_are_copied_and_references_shared() -> None:
+    from llama_index.core.schema import ImageNode, IndexNode
+
+    image = ImageNode(id_="i", text="caption", image_url="http://example.org/a.png", text_embedding=[0.5, 0.25])
+    copied = copy_node(image)
+    copied.text_embedding.append(1.0)
+    assert image.text_embedding == [0.5, 0.25] and copied.image_url == image.image_url
+
+    target = object()  # IndexNode.obj: a reference to another retriever or engine, never copied
+    index_node = IndexNode(id_="x", text="summary", index_id="other", obj=target)
+    assert copy_node(index_node).obj is target
