@@ -1764,7 +1764,7 @@ class HybridIndex:
                 rrf_k=rrf_k,  # QdrantHybridRetriever rejects a non-integer k instead of truncating it
                 fusion=self._engine_fusion(given),
                 filters=filters,
-                point_filter=self._point_filter(filters),
+                point_filter=self._point_filter(),
                 read_guard=self._rw_lock.read,
                 node_lookup=self._node_lookup(),
                 **common,
@@ -1818,7 +1818,7 @@ class HybridIndex:
             self.embed_model,
             similarity_top_k=top_k,
             filters=filters,
-            point_filter=self._point_filter(filters),
+            point_filter=self._point_filter(),
             read_guard=self._rw_lock.read,
             node_lookup=self._node_lookup(),
             **common,
@@ -1864,20 +1864,19 @@ class HybridIndex:
                 unindexed,
             )
 
-    def _point_filter(self, filters: Optional[MetadataFilters]) -> Optional[Callable[[], Any]]:
-        """For Qdrant-side search: a callable giving the Qdrant filter that admits exactly the
-        chunks ``filters`` matches (``metadata_matches``, as every in-memory leg): the store's
-        translation run by the engine where it is exact, else the matching ids
-        (``store.metadata_filter``). Cached per index state and filter *value*
-        (``filters_key``, as the in-memory legs' masks): a filter object the caller changes in
-        place after building the retriever is followed, never answered from its old value."""
+    def _point_filter(self) -> Callable[[MetadataFilters], Any]:
+        """For Qdrant-side search: a callable giving, for a retriever's current filters, the
+        Qdrant filter that admits exactly the chunks they match (``metadata_matches``, as every
+        in-memory leg): the store's translation run by the engine where it is exact, else the
+        matching ids (``store.metadata_filter``). Cached per index state and filter *value*
+        (``filters_key``, as the in-memory legs' masks): filters the caller changes in place, or
+        replaces (``retriever.filters = ...``), after building the retriever are followed, never
+        answered from their old value."""
         from ..retrievers.filters import filters_key
 
-        if filters is None:
-            return None
         cache: List[Any] = [None]  # (snapshot, filters_key, Qdrant filter), replaced whole
 
-        def point_filter() -> Any:
+        def point_filter(filters: MetadataFilters) -> Any:
             snapshot = self.bm25.snapshot
             value = filters_key(filters)
             cached = cache[0]

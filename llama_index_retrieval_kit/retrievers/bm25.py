@@ -584,8 +584,13 @@ class BM25Retriever(BaseRetriever):
 
     @property
     def filters(self) -> Optional[MetadataFilters]:
-        """The metadata filters applied to every query of this retriever (or view)."""
+        """The metadata filters applied to every query of this retriever (or view); assigning new
+        ones validates them (a view's filters are its own, see :meth:`with_filters`)."""
         return self._filters
+
+    @filters.setter
+    def filters(self, filters: Optional[MetadataFilters]) -> None:
+        self._filters = validate_filters(filters)
 
     @property
     def similarity_top_k(self) -> int:

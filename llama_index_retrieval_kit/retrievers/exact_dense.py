@@ -296,6 +296,15 @@ class ExactDenseRetriever(BaseRetriever):
     def similarity_top_k(self) -> int:
         return self._similarity_top_k
 
+    @property
+    def filters(self) -> Optional[MetadataFilters]:
+        """The metadata filters of every query (assigning new ones validates them)."""
+        return self._filters
+
+    @filters.setter
+    def filters(self, filters: Optional[MetadataFilters]) -> None:
+        self._filters = validate_filters(filters)
+
     def retrieve(self, str_or_query_bundle: QueryType) -> List[NodeWithScore]:
         """``BaseRetriever.retrieve`` with the query checked first (a str or a QueryBundle)."""
         return super().retrieve(checked_query(str_or_query_bundle))

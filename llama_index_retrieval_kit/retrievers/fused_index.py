@@ -23,6 +23,7 @@ from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.callbacks.base import CallbackManager
 from llama_index.core.schema import NodeWithScore, QueryBundle
+from llama_index.core.vector_stores.types import MetadataFilters
 
 from ..tracing import NO_LAPS, Laps, trace_index_fusion, tracing_enabled
 from .bm25 import BM25Retriever, BM25Snapshot, top_bm25_with_scores
@@ -128,6 +129,15 @@ class FusedIndexRetriever(CheckedQueryMixin, BaseRetriever):
     def similarity_top_k(self) -> int:
         """Number of fused results."""
         return self._similarity_top_k
+
+    @property
+    def filters(self) -> Optional[MetadataFilters]:
+        """The metadata filters of both legs (those of the BM25 view)."""
+        return self._bm25.filters
+
+    @filters.setter
+    def filters(self, filters: Optional[MetadataFilters]) -> None:
+        self._bm25 = self._bm25.with_filters(filters)  # a new view: a BM25 retriever shared with others is left alone
 
     @property
     def candidate_top_k(self) -> int:

@@ -10,6 +10,7 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.callbacks.base import CallbackManager
 from llama_index.core.schema import NodeWithScore, QueryBundle
+from llama_index.core.vector_stores.types import MetadataFilters
 
 from ..tracing import atimed, elapsed_ms, timed, trace_hybrid, tracing_enabled
 from .checks import CheckedQueryMixin, check_positive_int
@@ -37,6 +38,15 @@ def _check_depths(n_legs: int, candidate_top_k: Union[int, Sequence[int], None])
     if any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in depths):
         raise ValueError(f"candidate_top_k must be an int >= 1 or one such int per retriever, got {candidate_top_k!r}")
     return depths
+
+
+def _settable_filters(leg: Any) -> bool:
+    """Whether ``leg.filters = ...`` changes what ``leg`` returns (a property with a setter, or a
+    plain ``filters`` attribute its queries read, as LlamaIndex's vector retrievers have)."""
+    attr = getattr(type(leg), "filters", None)
+    if isinstance(attr, property):
+        return attr.fset is not None
+    return "filters" in getattr(leg, "__dict__", {})
 
 
 class HybridRetriever(CheckedQueryMixin, BaseRetriever):
@@ -119,6 +129,21 @@ class HybridRetriever(CheckedQueryMixin, BaseRetriever):
     def similarity_top_k(self) -> int:
         """Number of fused results."""
         return self._similarity_top_k
+
+    @property
+    def filters(self) -> Optional[MetadataFilters]:
+        """The metadata filters of the first leg (every leg's, when set here)."""
+        return getattr(self._retrievers[0], "filters", None)
+
+    @filters.setter
+    def filters(self, filters: Optional[MetadataFilters]) -> None:
+        """Set ``filters`` on every leg; refused (nothing changed) when a leg has no settable
+        ``filters``: a filter that one leg ignores leaks documents."""
+        fixed = [name for name, leg in zip(self._names, self._retrievers) if not _settable_filters(leg)]
+        if fixed:
+            raise TypeError(f"legs {fixed} have no settable filters: build the retriever again with the filters instead")
+        for leg in self._retrievers:
+            leg.filters = filters
 
     @property
     def candidate_depths(self) -> List[Optional[int]]:

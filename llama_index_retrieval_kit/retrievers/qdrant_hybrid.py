@@ -130,16 +130,34 @@ def bm25_query_vector(tokens: Sequence[str]) -> models.SparseVector:
 
 def qdrant_filter(
     filters: Optional[MetadataFilters],
-    point_filter: Optional[Callable[[], Any]],
+    point_filter: Optional[Callable[[MetadataFilters], Any]],
     filter_builder: Optional[Callable[[VectorStoreQuery], Any]],
 ) -> Any:
-    """The Qdrant filter of one query: None without ``filters``, else ``point_filter()`` when given,
-    else ``filter_builder``'s translation of ``filters``."""
+    """The Qdrant filter of one query: None without ``filters``, else ``point_filter(filters)``
+    when given, else ``filter_builder``'s translation of ``filters``."""
     if filters is None:
         return None
     if point_filter is not None:
-        return point_filter()
-    return filter_builder(VectorStoreQuery(filters=filters))  # type: ignore[misc]
+        return point_filter(filters)
+    if filter_builder is None:
+        raise ValueError("filters need a filter_builder (MetadataFilters -> Qdrant filter) or a point_filter")
+    return filter_builder(VectorStoreQuery(filters=filters))
+
+
+def filters_point_filter(point_filter: Optional[Callable[..., Any]]) -> Optional[Callable[[MetadataFilters], Any]]:
+    """``point_filter`` as a callable of the current filters: itself when it takes an argument,
+    else a wrapper calling it without (the protocol of earlier versions)."""
+    if point_filter is None:
+        return None
+    import inspect
+
+    try:
+        params = inspect.signature(point_filter).parameters.values()
+    except (TypeError, ValueError):
+        return point_filter
+    if any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL) for p in params):
+        return point_filter
+    return lambda filters: point_filter()
 
 
 def check_filter_source(filters: Optional[MetadataFilters], point_filter: Any, filter_builder: Any) -> Optional[MetadataFilters]:
@@ -180,9 +198,10 @@ class QdrantHybridRetriever(CheckedQueryMixin, BaseRetriever):
         fusion: ``"rrf"`` (default) or ``"dbsf"`` (Qdrant's distribution-based score fusion;
             ``rrf_k`` then plays no part).
         filters: Metadata filters for every query (validated here).
-        point_filter: Called once per query, returns the filter that implements ``filters``
+        point_filter: Called once per query with the retriever's current ``filters`` (so a later
+            ``retriever.filters = ...`` is followed), returns the filter that implements them
             (takes precedence over ``filter_builder``): a Qdrant filter, or a store
-            ``PointFilter``. ``HybridIndex`` passes one that admits exactly the chunks
+            ``PointFilter``. One that takes no argument is called without. ``HybridIndex`` passes one that admits exactly the chunks
             ``filters`` matches in every other mode (translated for the engine where exact).
         read_guard: Called once per query, returns a context manager held while Qdrant is read
             (``HybridIndex`` passes its read lock, so a query never sees half an update).
@@ -226,7 +245,7 @@ class QdrantHybridRetriever(CheckedQueryMixin, BaseRetriever):
         self._embed_model = embed_model
         self._tokenize = tokenize
         self._filter_builder = filter_builder
-        self._point_filter = point_filter
+        self._point_filter = filters_point_filter(point_filter)
         self._read_guard = read_guard or nullcontext
         self._node_lookup = node_lookup
         self.similarity_top_k = similarity_top_k
@@ -279,7 +298,7 @@ class QdrantDenseRetriever(CheckedQueryMixin, BaseRetriever):
         self._points = points_store(client, collection_name)
         self._embed_model = embed_model
         self._filter_builder = filter_builder
-        self._point_filter = point_filter
+        self._point_filter = filters_point_filter(point_filter)
         self._read_guard = read_guard or nullcontext
         self._node_lookup = node_lookup
         self.similarity_top_k = similarity_top_k

@@ -158,3 +158,28 @@ def test_a_filter_changed_in_place_is_followed_by_the_retriever_built_with_it(
     fresh = filter_index.as_retriever(mode, similarity_top_k=100, filters=flt, **options).retrieve(qb)
     assert after and {r.node.metadata["doc_id"] for r in after} == {DOC_IDS[1]}
     assert [r.node.node_id for r in after] == [r.node.node_id for r in fresh]
+
+
+@pytest.mark.parametrize(
+    "mode, options",
+    [
+        ("dense", {"dense_search": "qdrant"}),
+        ("qdrant_hybrid", {}),
+        ("dense", {"dense_search": "memory"}),
+        ("sparse", {}),
+        ("hybrid", {}),
+        ("hybrid_score", {"dense_search": "memory"}),
+        ("hybrid_score", {"dense_search": "qdrant"}),
+        ("hybrid_rrf", {"dense_search": "qdrant"}),
+    ],
+)
+def test_filters_assigned_to_a_retriever_are_followed(filter_index: HybridIndex, mode: str, options: dict) -> None:
+    """``retriever.filters = other`` answers for ``other`` in every mode and leg (the engine-side
+    retrievers used to keep the filter they were built with, the fused ones to ignore it)."""
+    qb = _support.query_bundles()[0]
+    retriever = filter_index.as_retriever(
+        mode, similarity_top_k=100, filters=MetadataFilters(filters=[MetadataFilter(key="doc_id", value=DOC_IDS[0])]), **options
+    )
+    assert {r.node.metadata["doc_id"] for r in retriever.retrieve(qb)} == {DOC_IDS[0]}
+    retriever.filters = MetadataFilters(filters=[MetadataFilter(key="doc_id", value=DOC_IDS[1])])
+    assert {r.node.metadata["doc_id"] for r in retriever.retrieve(qb)} == {DOC_IDS[1]}

@@ -154,3 +154,20 @@ def test_needs_two_retrievers() -> None:
         HybridRetriever([FakeRetriever([])])
     with pytest.raises(ValueError, match="BaseRetriever"):
         HybridRetriever([FakeRetriever([]), "not a retriever"])  # type: ignore[list-item]
+
+
+def test_filters_set_on_the_fusion_reach_every_leg_or_are_refused(nodes: List[TextNode]) -> None:
+    """``hybrid.filters = f`` filters every leg; a leg that cannot take filters makes it a
+    TypeError with nothing changed (one unfiltered leg would leak what the filter excludes)."""
+    from llama_index.core.vector_stores.types import MetadataFilter, MetadataFilters
+
+    only_0 = MetadataFilters(filters=[MetadataFilter(key="i", value=0)])
+    bm25 = BM25Retriever.from_nodes(nodes, similarity_top_k=6)
+    hybrid = HybridRetriever([bm25, bm25.with_filters(None)], similarity_top_k=6)
+    hybrid.filters = only_0
+    assert hybrid.filters is only_0 and [r.node.node_id for r in hybrid.retrieve("annual fee")] == ["n0"]
+    assert bm25.filters == only_0  # the legs themselves were set
+    fixed = HybridRetriever([bm25.with_filters(None), FakeRetriever([NodeWithScore(node=nodes[1], score=1.0)])], similarity_top_k=6)
+    with pytest.raises(TypeError, match=rf"legs \[{fixed.names[1]!r}\] have no settable filters"):
+        fixed.filters = only_0
+    assert fixed.filters is None
