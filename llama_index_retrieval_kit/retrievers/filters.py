@@ -10,10 +10,12 @@ Semantics follow LlamaIndex's ``SimpleVectorStore`` (``build_metadata_filter_fn`
 * ``TEXT_MATCH``: the filter string is a substring of the metadata string (case-sensitive);
   ``TEXT_MATCH_INSENSITIVE`` ignores case;
 * conditions: ``AND`` (default when None), ``OR``, and ``NOT`` = "none of the sub-filters match".
-  An empty filter list matches everything.
+  An empty ``AND`` or ``NOT`` list matches everything, an empty ``OR`` list nothing (``any([])``;
+  ``SimpleVectorStore`` matches everything there: the narrower reading is the safe one).
 
-One deliberate difference: a comparison Python cannot make (``"a" > 1``, ``TEXT_MATCH`` on a
-number) does not match, instead of raising ``TypeError`` mid-query. Malformed filters (``IN``
+Deliberate differences: a comparison Python cannot make (``"a" > 1``, ``TEXT_MATCH`` on a
+number) does not match, instead of raising ``TypeError`` mid-query; ``ANY``/``ALL`` on a string
+metadata value do not match (``SimpleVectorStore`` tests substrings there; use ``TEXT_MATCH``). Malformed filters (``IN``
 without a list, ``TEXT_MATCH`` without a string, ...) are rejected up front by
 :func:`validate_filters`.
 """
