@@ -413,10 +413,52 @@ class QueryTrace(_BuiltOnRead, BaseModel):
         return cls.from_dict(loads_json(line))
 
 
-def read_traces(path: Union[str, Path]) -> List[QueryTrace]:
-    """Every trace of a JSON-lines file written by :class:`JsonlTraceWriter` (either layout, see :meth:`QueryTrace.from_dict`)."""
-    with open(path, encoding="utf-8") as fh:
-        return [QueryTrace.from_json(line) for line in fh if line.strip()]
+def read_traces(path: Union[str, Path], skip_bad_lines: bool = False) -> List[QueryTrace]:
+    """Every trace of a JSON-lines file written by :class:`JsonlTraceWriter` (either layout, see
+    :meth:`QueryTrace.from_dict`). A line that is not a trace is a ValueError naming its number,
+    or, with ``skip_bad_lines=True``, skipped with a warning counting them (e.g. a line cut by a
+    crash of a process writing the file)."""
+    traces, bad = [], []
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for number, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                traces.append(QueryTrace.from_json(line))
+            except ValueError as exc:
+                if not skip_bad_lines:
+                    raise ValueError(f"{path}: line {number} is not a trace ({exc}); read_traces(..., skip_bad_lines=True) skips such lines") from None
+                bad.append(number)
+    if bad:
+        logger.warning("%s: skipped %d line(s) that are not traces (first: line %d)", path, len(bad), bad[0])
+    return traces
+
+
+def append_lines(path: Union[str, Path], data: bytes) -> None:
+    """Append ``data`` (whole lines) to ``path`` so that the file only ever grows by whole lines:
+    a file that does not end with a newline (a line cut by a crash, or a file of someone else's)
+    gets one first, and a write that fails part-way (a full disk) is cut back to the file's
+    earlier size, so a retry cannot leave a torn line behind."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        start = os.lseek(fd, 0, os.SEEK_END)
+        if start > 0:
+            with open(path, "rb") as tail:
+                tail.seek(start - 1)
+                if tail.read(1) != b"\n":
+                    data = b"\n" + data
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(fd, view):]
+        except BaseException:
+            try:
+                os.ftruncate(fd, start)
+            except OSError:  # pragma: no cover - cannot even be cut: read_traces(skip_bad_lines=True) skips the torn line
+                logger.warning("%s: could not cut a failed append back to %d bytes", path, start)
+            raise
+    finally:
+        os.close(fd)
 
 
 # ------------------------------------------------------------------------------ JSON form
@@ -1605,7 +1647,8 @@ class TraceCollector(BaseEventHandler):
         try:
             self._export(trace, data)
         except Exception:  # the dispatcher would swallow it silently
-            logger.exception("trace handler %s failed for query %r", type(self).__name__, trace.query_str)
+            logger.exception("trace handler %s failed for trace %s", type(self).__name__, trace.trace_id)
+            logger.debug("the failed trace's query: %r", trace.query_str)
 
     def _export(self, trace: QueryTrace, data: Optional[Dict[str, Any]]) -> None:
         """Hand a finished trace on (``data``: its :meth:`QueryTrace.to_dict`, when one was attached to the response)."""
@@ -1677,15 +1720,14 @@ class _JsonlSink:
                 try:
                     lines.append((trace if type(trace) is bytes else trace.to_json().encode("utf-8")) + b"\n")
                 except Exception:  # never writable: keeping it would block every later line
-                    logger.exception("trace of query %r cannot be serialised; not written to %s", trace.query_str, self.path)
+                    logger.exception("trace %s cannot be serialised; not written to %s", trace.trace_id, self.path)
             if not lines:
                 return 0
             try:
                 Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-                with open(self.path, "ab") as fh:  # UTF-8 lines, as a text file with that encoding writes them
-                    fh.write(b"".join(lines))
+                append_lines(self.path, b"".join(lines))
             except BaseException:
-                self.unwritten = lines  # the next flush writes them first
+                self.unwritten = lines  # the next flush writes them first (the file was cut back to its lines)
                 raise
             return len(lines)
 
@@ -1758,7 +1800,7 @@ class JsonlTraceWriter(TraceCollector):
         try:  # serialised now, from the dict attached to the response: before the caller can change it
             line = _dumps_utf8(data)
         except Exception:
-            logger.exception("trace of query %r cannot be serialised; not written to %s", trace.query_str, self.path)
+            logger.exception("trace %s cannot be serialised; not written to %s", trace.trace_id, self.path)
             return
         self._queue(line)
 

@@ -730,3 +730,43 @@ def test_a_failed_query_does_not_swallow_the_traces_of_later_ones(sample_index: 
         assert [t.query_str for t in traces] == ["annual fee 0", "annual fee 1", "annual fee 2", "annual fee"]
         assert response.metadata["trace"]["query_str"] == "annual fee"
         assert all(t.stages for t in traces)
+
+
+def test_the_jsonl_file_only_ever_grows_by_whole_lines(tmp_path: Path) -> None:
+    """A failed append (a full disk) is cut back, a retry writes every line once, a file that does
+    not end with a newline gets one first, and a torn line is named (or skipped on request)."""
+    from llama_index_retrieval_kit.tracing import append_lines
+
+    path = tmp_path / "traces.jsonl"
+    script = (
+        "import resource, signal, sys\n"
+        "from llama_index.core.schema import TextNode\n"
+        "from llama_index_retrieval_kit.retrievers.bm25 import BM25Retriever\n"
+        "from llama_index_retrieval_kit.tracing import JsonlTraceWriter\n"
+        f"path = {str(path)!r}\n"
+        "retriever = BM25Retriever([TextNode(text=f'fee clause {i}', id_=f'n{i}') for i in range(9)], similarity_top_k=3)\n"
+        "writer = JsonlTraceWriter(path=path, flush_interval_s=60)\n"
+        "with writer:\n"
+        "    retriever.retrieve('fee one'); writer.flush()\n"
+        "    import os; first = os.path.getsize(path)\n"
+        "    retriever.retrieve('clause two'); retriever.retrieve('fee three')\n"
+        "    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)\n"
+        "    resource.setrlimit(resource.RLIMIT_FSIZE, (first + 100, hard))\n"
+        "    try:\n"
+        "        writer.flush(); sys.exit('the flush should have failed')\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))\n"
+        "    assert os.path.getsize(path) == first, (os.path.getsize(path), first)\n"
+        "    assert writer.flush() == 2\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert [t.query_str for t in read_traces(path)] == ["fee one", "clause two", "fee three"]
+    with open(path, "ab") as fh:
+        fh.write(b'{"trace_id": "cut by a cra')  # a writer killed mid-line
+    with pytest.raises(ValueError, match="line 4 is not a trace"):
+        read_traces(path)
+    append_lines(path, read_traces(path, skip_bad_lines=True)[0].to_json().encode("utf-8") + b"\n")
+    assert [t.query_str for t in read_traces(path, skip_bad_lines=True)] == ["fee one", "clause two", "fee three", "fee one"]
