@@ -11,6 +11,7 @@ from typing import Callable, Iterable, List, Literal, Sequence
 
 from llama_index.core.schema import BaseNode, Document
 
+from ._files import atomic_writer
 from .node_parser import SectionHierarchyNodeParser, SectionWindowNodeParser
 from .readers import DocumentReadError, ReadFailure
 from .readers.base import FileReader, absolute_path, default_doc_id, folder_doc_id
@@ -162,11 +163,8 @@ def ingest(
 def write_chunks_jsonl(nodes: Sequence[BaseNode], path: str | Path) -> Path:
     """One JSON object per chunk: id, text and metadata (for inspection and diffing)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
+    with atomic_writer(path) as fh:  # replaced whole: a crash leaves the earlier file
         for n in nodes:
             meta = {k: v for k, v in n.metadata.items() if k != "parent_text"}
             fh.write(json.dumps({"id": n.node_id, "text": n.get_content(), "metadata": meta}, ensure_ascii=False) + "\n")
-    tmp.replace(path)
     return path

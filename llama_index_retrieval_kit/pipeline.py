@@ -74,6 +74,7 @@ from llama_index.core.query_engine import RetrieverQueryEngine
 from llama_index.core.schema import NodeWithScore, QueryBundle
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictFloat, StrictInt, ValidationError, field_validator, model_validator
 
+from ._files import write_text_atomic
 from .components import (
     ComponentError,
     ComponentKind,
@@ -513,7 +514,7 @@ class PipelineConfig(_Section):
 
         text = yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True)
         if path is not None:
-            Path(path).write_text(text, encoding="utf-8")
+            write_text_atomic(path, text)
         return text
 
     def with_overrides(self, overrides: Mapping[str, Any], source: str = "command line") -> "PipelineConfig":

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
+from .._files import atomic_writer, write_text_atomic
 from .evaluate import RetrieverEvaluation
 from .metrics import METRIC_NAMES
 
@@ -462,7 +463,7 @@ def metrics_document(result: "EvalJobResult") -> dict[str, Any]:
 def write_metrics_json(result: "EvalJobResult") -> Path:
     """Write ``metrics.json`` into the report folder."""
     path = result.out_dir / "metrics.json"
-    path.write_text(json.dumps(metrics_document(result), indent=2, default=str), encoding="utf-8")
+    write_text_atomic(path, json.dumps(metrics_document(result), indent=2, default=str))
     result.files["metrics"] = path
     return path
 
@@ -474,7 +475,7 @@ def write_per_query_csv(evaluations: Mapping[str, RetrieverEvaluation], path: st
     for row in rows:
         columns.extend(key for key in row if key not in columns)
     out = Path(path)
-    with out.open("w", encoding="utf-8", newline="") as handle:
+    with atomic_writer(out, "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=columns, restval="")
         writer.writeheader()
         writer.writerows(rows)
@@ -488,7 +489,7 @@ def write_runs(evaluations: Mapping[str, RetrieverEvaluation], folder: str | Pat
     paths: dict[str, Path] = {}
     for name, ev in evaluations.items():
         path = out / f"{safe_name(name)}.jsonl"
-        with path.open("w", encoding="utf-8") as handle:
+        with atomic_writer(path) as handle:
             for qid, q in ev.per_query.items():
                 record = {**q.retrieval.to_dict(), "answerable": q.answerable, "ranking": list(q.ranking)}
                 record["query_id"] = qid
@@ -568,7 +569,7 @@ def write_report(result: "EvalJobResult") -> dict[str, Path]:
             path.unlink()
     summary = out / "summary.md"
     result.files["summary"] = summary
-    summary.write_text(summary_markdown(result), encoding="utf-8")
+    write_text_atomic(summary, summary_markdown(result))
     write_metrics_json(result)
     logger.info("report written to %s", out)
     return dict(result.files)

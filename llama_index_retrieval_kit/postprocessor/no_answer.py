@@ -43,6 +43,7 @@ from llama_index.core.bridge.pydantic import Field, PrivateAttr
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
+from .._files import write_text_atomic
 from ..tracing import trace_gate, tracing_enabled
 from .._enums import ChoiceEnum
 
@@ -704,12 +705,8 @@ class NoAnswerPostprocessor(BaseNodePostprocessor):
     def save(self, path: str | Path) -> Path:
         """Write the gate as JSON (no pickle)."""
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         data = {"format": FORMAT, **self.to_dict()}
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps(data, indent=2, allow_nan=True), encoding="utf-8")
-        tmp.replace(path)
-        return path
+        return write_text_atomic(path, json.dumps(data, indent=2, allow_nan=True))
 
     @classmethod
     def load(cls, path: str | Path) -> "NoAnswerPostprocessor":

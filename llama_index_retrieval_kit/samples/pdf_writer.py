@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
+from .._files import write_bytes_atomic
 from ..node_parser.sections import detect_headings
 
 _ASCII = {
@@ -84,9 +85,7 @@ def write_pdf(
         else:
             raise ValueError(f"unknown block kind {kind!r}; allowed: h1, h2, h3, p, pagebreak")
     out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    pdf.output(str(out))
-    return out
+    return write_bytes_atomic(out, bytes(pdf.output()))  # whole or not at all: a cut PDF would be reused
 
 
 def text_to_blocks(text: str) -> list[Block]:

@@ -1,0 +1,77 @@
+"""Writing user-visible files safely: a file is replaced whole or not at all.
+
+:func:`atomic_writer` writes into a new temporary file next to the target (``tempfile.mkstemp``:
+a fresh name, never a fixed ``<name>.tmp`` that another process or a planted symlink could
+share), flushes and fsyncs it, then renames it over the target in one step (``os.replace``: a
+symlink at the target is replaced, not followed) and fsyncs the folder. A failure or a crash
+part-way leaves the earlier file as it was and no temporary file behind (a crash may leave one,
+named ``.<name>.*.tmp``). The new file keeps the mode of the one it replaces (0o644 for a new one).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any, Iterator
+
+NEW_FILE_MODE = 0o644
+
+
+def fsync_folder(path: Path | str) -> None:
+    """fsync a folder so that a rename in it is durable (a no-op where folders cannot be opened)."""
+    try:
+        fd = os.open(str(path), os.O_RDONLY)
+    except OSError:  # pragma: no cover - Windows
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover - some file systems refuse
+        pass
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def atomic_writer(
+    path: Path | str, mode: str = "w", encoding: str | None = "utf-8", newline: str | None = None
+) -> Iterator[IO[Any]]:
+    """A file handle whose content replaces ``path`` when the ``with`` block ends without error
+    (``mode`` ``"w"`` for text, ``"wb"`` for bytes; ``newline`` as :func:`open`'s, text only)."""
+    if mode not in ("w", "wb"):
+        raise ValueError(f"mode must be 'w' or 'wb', got {mode!r}")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        file_mode = stat.S_IMODE(os.stat(path).st_mode)  # follows a symlink: the mode of what it names
+    except OSError:
+        file_mode = NEW_FILE_MODE
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.chmod(tmp, file_mode)
+        text = mode == "w"
+        with os.fdopen(fd, mode, encoding=encoding if text else None, newline=newline if text else None) as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_folder(path.parent)
+
+
+def write_text_atomic(path: Path | str, text: str, encoding: str = "utf-8") -> Path:
+    """Replace ``path`` with ``text`` whole (:func:`atomic_writer`)."""
+    with atomic_writer(path, "w", encoding) as fh:
+        fh.write(text)
+    return Path(path)
+
+
+def write_bytes_atomic(path: Path | str, data: bytes) -> Path:
+    """Replace ``path`` with ``data`` whole (:func:`atomic_writer`)."""
+    with atomic_writer(path, "wb", None) as fh:
+        fh.write(data)
+    return Path(path)
