@@ -469,6 +469,18 @@ def _check_configs(specs: Sequence[str | Path | EvalConfig]) -> list[EvalConfig]
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
         raise ConfigError("--config", f"configuration names must be unique, {repeated} given twice (set 'name:' in the YAML)")
+    from .report import safe_name
+
+    by_file: dict[str, list[str]] = {}
+    for name in names:  # report files are named after configs (runs/<name>.jsonl): one file per config
+        by_file.setdefault(safe_name(name).lower(), []).append(name)
+    shared = [group for group in by_file.values() if len(group) > 1]
+    if shared:
+        raise ConfigError(
+            "--config",
+            f"configurations {shared[0]} would share one report file name ({safe_name(shared[0][0])!r}: names are "
+            "made file-safe and compared ignoring case); give them names that differ in letters or digits ('name:' in the YAML)",
+        )
     return configs
 
 

@@ -232,6 +232,13 @@ def test_a_report_never_replaces_or_deletes_files_it_did_not_write(tmp_path: Pat
     assert (report / "runs" / "mine.jsonl").exists() and (report / "runs" / "bm25.jsonl").exists()
 
 
+def test_configs_whose_report_files_would_collide_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "q.yaml").write_text("name: 'bm25?'\nretriever: bm25\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"would share one report file name \('bm25'"):
+        run_eval(write_beir(tmp_path / "tiny"), ["bm25", tmp_path / "q.yaml"], tmp_path / "out", show_progress=False)
+    assert not (tmp_path / "out").exists()
+
+
 def test_fill_depth_is_enough_for_the_worst_case() -> None:
     assert fill_depth([1, 1, 1], 2) == 2
     assert fill_depth([5, 3, 1, 1], 2) == 6  # the top 5 chunks may all be one document's
