@@ -28,6 +28,7 @@ inside methods, on first use: importing this module does not import torch.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import os
@@ -338,28 +339,53 @@ class _SentenceTransformersScorer:
         sample = self.cross_encoder.preprocess(list(_ONNX_PROBES))
         accepted = set(inspect.signature(self.hf_model.forward).parameters)
         self._input_names = [n for n in ("input_ids", "attention_mask", "token_type_ids") if n in sample and n in accepted]
+        # The export depends on the weights and on what the graph is built from: the architecture
+        # settings (config.json: heads, activation, ...) and the weights' dtype.
+        config_json = self.hf_model.config.to_json_string(use_diff=False)
+        dtype = str(next(self.hf_model.parameters()).dtype)
         key = weights_fingerprint(
             self.hf_model,
-            extra=f"cross-encoder|{type(self.hf_model).__name__}|{torch.__version__}|{ort.__version__}|{self._input_names}|v1",
+            extra=(
+                f"cross-encoder|{type(self.hf_model).__name__}|{torch.__version__}|{ort.__version__}|{self._input_names}|"
+                f"{hashlib.sha256(config_json.encode('utf-8')).hexdigest()}|{dtype}|v2"
+            ),
         )
         cache = Path(settings.onnx_cache_dir) if settings.onnx_cache_dir else default_cache_dir()
         path = cache / "onnx" / key / "model.onnx"
-        if not path.exists():
-            logger.info("exporting reranker %s to ONNX at %s (once)", settings.model, path)
-            export_sequence_classifier(self.hf_model, self._input_names, sample, path)
-        # The query path's session settings: short spinning, so a busy neighbour process cannot
-        # stretch a rerank by sharing a core with spinning worker threads (busy_neighbour.py).
-        options = onnx_session_options(ort, threads=0, spin_us=DEFAULT_ONNX_SPIN_US)
-        self._session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         expected = self.cross_encoder.predict(
             list(_ONNX_PROBES), activation_fn=torch.nn.Identity(), convert_to_numpy=True, show_progress_bar=False
         )
-        got = np.asarray(self._onnx_logits(list(_ONNX_PROBES)))
-        worst = float(np.abs(got - np.asarray(expected, dtype=np.float64)).max())
-        if not worst <= settings.onnx_tolerance:
-            return f"ONNX logits differ from PyTorch by {worst:.2e} > onnx_tolerance={settings.onnx_tolerance}"
-        logger.debug("ONNX reranker ready for %s (max |logit diff| %.1e)", settings.model, worst)
-        return None
+        # The query path's session settings: short spinning, so a busy neighbour process cannot
+        # stretch a rerank by sharing a core with spinning worker threads (busy_neighbour.py).
+        options = onnx_session_options(ort, threads=0, spin_us=DEFAULT_ONNX_SPIN_US)
+        problem = ""
+        for attempt in ("cached", "exported"):
+            if attempt == "exported" or not path.exists():
+                if attempt == "exported":
+                    logger.warning("re-exporting reranker %s to ONNX: the cached export %s %s", settings.model, path, problem)
+                    path.unlink(missing_ok=True)
+                else:
+                    logger.info("exporting reranker %s to ONNX at %s (once)", settings.model, path)
+                export_sequence_classifier(self.hf_model, self._input_names, sample, path)
+                attempt = "exported"
+            try:
+                self._session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+            except Exception as exc:  # a damaged file (e.g. INVALID_PROTOBUF)
+                problem = f"cannot be loaded ({type(exc).__name__}: {str(exc)[:200]})"
+                self._session = None
+                if attempt == "exported":
+                    return f"the ONNX export {problem}"
+                continue
+            got = np.asarray(self._onnx_logits(list(_ONNX_PROBES)))
+            worst = float(np.abs(got - np.asarray(expected, dtype=np.float64)).max())
+            if worst <= settings.onnx_tolerance:
+                logger.debug("ONNX reranker ready for %s (max |logit diff| %.1e)", settings.model, worst)
+                return None
+            problem = f"differs from PyTorch by {worst:.2e} > onnx_tolerance={settings.onnx_tolerance}"
+            self._session = None
+            if attempt == "exported":
+                break
+        return f"ONNX logits differ from PyTorch: the export {problem}"
 
 
 def export_sequence_classifier(hf_model: Any, input_names: List[str], sample: Dict[str, Any], path: Path) -> None:

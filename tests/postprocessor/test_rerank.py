@@ -445,6 +445,24 @@ def test_onnx_engine_gives_the_same_scores(model_dir: str, tmp_path: Path) -> No
     assert [r.rerank_logit for r in onnx_results] == pytest.approx([r.rerank_logit for r in torch_results], abs=1e-4)
 
 
+def test_a_damaged_or_stale_onnx_export_is_replaced_once(model_dir: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A cut export file, or one whose logits no longer match PyTorch, is exported again (not used,
+    and not left to keep the model on PyTorch for good)."""
+    make_reranker(model_dir, onnx=True, onnx_cache_dir=str(tmp_path)).load()
+    (path,) = list((tmp_path / "onnx").glob("*/model.onnx"))
+    good = path.read_bytes()
+    path.write_bytes(good[: len(good) // 3])  # a damaged file
+    with caplog.at_level(logging.WARNING, logger=rerank_module.__name__):
+        reranker = make_reranker(model_dir, top_n=6, onnx=True, onnx_cache_dir=str(tmp_path)).load()
+    assert reranker.engine == "onnx" and "re-exporting reranker" in caplog.text and "cannot be loaded" in caplog.text
+    assert path.stat().st_size == len(good)
+    candidates = fused_candidates(6)
+    torch_results = make_reranker(model_dir, top_n=6).postprocess_nodes(candidates, query_str=QUERY)
+    assert [r.rerank_logit for r in reranker.postprocess_nodes(candidates, query_str=QUERY)] == pytest.approx(
+        [r.rerank_logit for r in torch_results], abs=1e-4
+    )
+
+
 def test_onnx_failure_falls_back_to_torch(model_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     def broken_export(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("export failed")
