@@ -203,12 +203,9 @@ def cmd_index(args: argparse.Namespace) -> int:
     want_hnsw = bool(args.hnsw or (config is not None and config.index.build_hnsw))
     if config is None and not args.rebuild and (storage / "index.json").exists():
         _check_update_chunking(args, storage)  # (with --config, open_index compares the whole chunking)
-    if config is not None:
-        from .pipeline import make_reader
-
-        documents, failures = read_documents(paths, show_progress=not args.quiet, reader=make_reader(config))
-    else:
-        documents, failures = read_documents(paths, show_progress=not args.quiet)
+    reader = _index_reader(args, config)
+    documents, failures = read_documents(paths, show_progress=not args.quiet, reader=reader)
+    _print_unsupported(paths, reader)
     for f in failures:
         _out(f"could not read {f}")
     if not documents:
@@ -252,11 +249,18 @@ def cmd_index(args: argparse.Namespace) -> int:
             documents, storage, overwrite=args.rebuild, show_progress=not args.quiet, **build_kwargs
         ) as index:
             stats = {"documents": len(documents), "chunks": len(index)}
+            indexed_ids = set(index.doc_ids())
+            empty = [d.id_ for d in documents if d.id_ not in indexed_ids]
+            if empty:
+                stats["empty"] = empty
             if want_hnsw:
                 stats["hnsw"] = "optimised" if index.optimize() else "up to date"
             total = len(index)
             _prepare_fast_queries(index)
+    empty = stats.pop("empty", None)
     _out(f"indexed {stats}; {total} chunks in {storage}")
+    if empty:
+        _out(f"{len(empty)} document(s) gave no chunks (no text to index) and are not in the index: {_name_list(empty)}")
     if args.push:
         with HybridIndex.load(storage) as index:
             # its own earlier copy is replaced; another index's or application's collection only with --push-overwrite
@@ -264,6 +268,43 @@ def cmd_index(args: argparse.Namespace) -> int:
         where = "the index now lives there" if args.switch else f"serve it with HybridIndex.load({str(storage)!r}, qdrant_url={args.push!r})"
         _out(f"copied {copied} points to {args.push}; {where}")
     return EXIT_PARTIAL if failures else EXIT_OK
+
+
+def _index_reader(args: argparse.Namespace, config):
+    """The reader of ``rkit index``: the config's (with ``--keep-headers-footers`` applied when its
+    reader has the option), else a DocumentFolderReader."""
+    from .readers.text import DocumentFolderReader
+
+    keep = bool(getattr(args, "keep_headers_footers", False))
+    if config is None:
+        return DocumentFolderReader(remove_headers_footers=False) if keep else DocumentFolderReader()
+    from .components import component_options
+    from .pipeline import make_reader
+
+    if keep:
+        if "remove_headers_footers" not in component_options(config.reader.component_class()):
+            raise CLIError(
+                f"--keep-headers-footers: the reader of {args.config} ({config.reader.component}) has no "
+                "remove_headers_footers option; use the document_folder or pdf reader, or drop the flag"
+            )
+        config = config.with_overrides({"reader.remove_headers_footers": False}, source=f"{args.config} with --keep-headers-footers")
+    return make_reader(config)
+
+
+def _name_list(names: Sequence[str], limit: int = 20) -> str:
+    """``names`` joined with commas, the first ``limit`` of them and how many more."""
+    shown = ", ".join(names[:limit])
+    return shown + (f" (and {len(names) - limit} more)" if len(names) > limit else "")
+
+
+def _print_unsupported(paths: Sequence[str], reader) -> None:
+    """Print the files of the folders in ``paths`` that were skipped as unsupported types."""
+    from .readers.text import DocumentFolderReader
+
+    lister = reader if isinstance(reader, DocumentFolderReader) else DocumentFolderReader()
+    skipped = [str(f) for p in paths if Path(p).is_dir() for f in lister.list_folder(p).unsupported]
+    if skipped:
+        _out(f"skipped {len(skipped)} file(s) of unsupported types: {_name_list(skipped)}")
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
@@ -771,6 +812,27 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+#: Marks a folder as ``rkit demo``'s output: a later demo run may replace what it wrote there.
+DEMO_MARKER = ".rkit-demo.json"
+#: What ``rkit demo`` writes into its ``--out`` folder (besides the sample PDF, never overwritten).
+DEMO_OUTPUTS = ("index", "chunks.jsonl", "eval")
+
+
+def _check_demo_folder(out: Path) -> None:
+    """Refuse an ``--out`` folder holding an index, chunks or a report that no earlier demo wrote
+    (the demo rebuilds ``index`` and replaces the others): before anything is written."""
+    if out.exists() and not out.is_dir():
+        raise CLIError(f"--out {out} is a file: give a folder for the demo's output")
+    if (out / DEMO_MARKER).is_file():
+        return
+    clashes = [name for name in DEMO_OUTPUTS if os.path.lexists(out / name)]
+    if clashes:
+        raise CLIError(
+            f"--out {out} holds {', '.join(clashes)} that no earlier `rkit demo` wrote (the demo would replace "
+            "them): choose another --out, e.g. the default rkit_output/demo"
+        )
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from ._extras import REPORT_MODULES, require_extras
 
@@ -781,7 +843,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from .samples import sample_files, sample_pdf
 
     out = Path(args.out)
+    _check_demo_folder(out)
     out.mkdir(parents=True, exist_ok=True)
+    (out / DEMO_MARKER).write_text('{"written_by": "rkit demo"}\n', encoding="utf-8")
     pdf = sample_pdf(out)
     files = [pdf, *sample_files()[1:]]
     _out(f"Bundled samples: {', '.join(p.name for p in files)}")
@@ -864,6 +928,12 @@ def build_parser() -> argparse.ArgumentParser:
     idx.add_argument("--chunk-size", type=int, default=None, help="tokens per chunk (children for hierarchy)")
     idx.add_argument("--chunk-overlap", type=int, default=None, help="tokens of overlap")
     idx.add_argument("--rebuild", action="store_true", help="replace an existing index instead of updating it")
+    idx.add_argument(
+        "--keep-headers-footers",
+        action="store_true",
+        help="keep the lines PDF clean-up would remove as running headers, footers and page numbers "
+        "(the readers' remove_headers_footers=False; with --config, sets reader.remove_headers_footers: false)",
+    )
     idx.add_argument(
         "--allow-source-change",
         action="store_true",

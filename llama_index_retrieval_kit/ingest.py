@@ -152,10 +152,12 @@ def ingest(
     paths: Sequence[str | Path],
     parser: SectionWindowNodeParser | SectionHierarchyNodeParser | None = None,
     show_progress: bool = False,
+    reader: FileReader | None = None,
 ) -> IngestResult:
-    """Read ``paths`` (files or folders) and chunk them."""
+    """Read ``paths`` (files or folders) with ``reader`` (see :func:`read_documents`; e.g.
+    ``DocumentFolderReader(remove_headers_footers=False)``) and chunk them."""
     parser = parser or SectionWindowNodeParser()
-    documents, failures = read_documents(paths, show_progress=show_progress)
+    documents, failures = read_documents(paths, show_progress=show_progress, reader=reader)
     nodes = parser.get_nodes_from_documents(documents, show_progress=show_progress)
     return IngestResult(documents, nodes, failures)
 

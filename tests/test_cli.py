@@ -265,3 +265,17 @@ def test_rkit_index_prepares_the_torch_free_query_path(tmp_path: Path, monkeypat
     from llama_index_retrieval_kit.models import query_embed_model
 
     assert isinstance(query_embed_model(), OnnxQueryEmbedding)
+
+
+def test_demo_refuses_an_out_folder_holding_what_it_did_not_write(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`rkit demo --out .` in a project folder must not rebuild the user's index or replace their
+    chunks: refused before anything is written."""
+    project = tmp_path / "project"
+    (project / "index").mkdir(parents=True)
+    (project / "index" / "mine.txt").write_text("my index", encoding="utf-8")
+    (project / "chunks.jsonl").write_text("{}\n", encoding="utf-8")
+    code = main(["-q", "demo", "--out", str(project)])
+    err = capsys.readouterr().err
+    assert code == EXIT_USAGE and "no earlier `rkit demo` wrote" in err and "index, chunks.jsonl" in err
+    assert sorted(p.name for p in project.iterdir()) == ["chunks.jsonl", "index"]
+    assert (project / "index" / "mine.txt").read_text(encoding="utf-8") == "my index"

@@ -1055,7 +1055,7 @@ class HybridIndex:
     @_exclusive_write
     def upsert(
         self, documents: Sequence[Document], show_progress: bool = False, allow_source_change: bool = False
-    ) -> Dict[str, int]:
+    ) -> Dict[str, Any]:
         """Add or replace documents (by ``Document.id_``); unchanged chunks are not re-embedded.
 
         Re-indexing the same file replaces its chunks. A document whose id is already indexed
@@ -1072,7 +1072,10 @@ class HybridIndex:
         the one the index was built with (``index.json``; compared by ``to_dict()``) is refused
         too: rebuild with ``from_documents(..., overwrite=True)`` (``rkit index --rebuild``).
 
-        Returns counts: documents, chunks written, chunks removed, texts embedded.
+        Returns counts: ``documents``, ``chunks`` written, ``removed`` (stale chunks), ``embedded``
+        (texts embedded), and ``empty``: the ids of the documents that gave no chunk (e.g. only
+        whitespace), logged as a warning; their earlier chunks are removed and they are not in
+        :meth:`doc_ids` (a replace by nothing).
         """
         self._check_node_parser()
         documents = list(documents)
@@ -1126,7 +1129,16 @@ class HybridIndex:
                 self._recover()
                 raise
         logger.info("upserted %d documents: %d chunks, %d stale removed, %d embedded", len(ids), len(nodes), len(stale), embedded)
-        return {"documents": len(ids), "chunks": len(nodes), "removed": len(stale), "embedded": embedded}
+        chunked = {n.ref_doc_id for n in nodes}
+        empty = [doc_id for doc_id in ids if doc_id not in chunked]
+        if empty:
+            logger.warning(
+                "%d document(s) gave no chunks (no text to index) and are not in the index (any earlier chunks of "
+                "theirs were removed): %s",
+                len(empty),
+                ", ".join(map(repr, empty)),
+            )
+        return {"documents": len(ids), "chunks": len(nodes), "removed": len(stale), "embedded": embedded, "empty": empty}
 
     def _check_node_parser(self) -> None:
         """Refuse to chunk with another parser than the index was built with (two chunkings in one

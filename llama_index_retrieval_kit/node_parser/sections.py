@@ -127,6 +127,15 @@ def _lines(text: str) -> Iterable[tuple[int, int, str]]:
         yield pos, pos + len(line), line
 
 
+def _line_start(text: str, pos: int) -> int:
+    """Where the line holding ``text[pos]`` starts, lines cut as ``str.splitlines`` cuts them
+    (the offset after the last line break before ``pos``; 0 on the first line)."""
+    start = pos
+    while start > 0 and text[start - 1] not in _LINE_BREAKS:
+        start -= 1
+    return start
+
+
 def _title_like(title: str, rules: HeadingRules) -> bool:
     """A heading title: short, starts upper-case, not a sentence."""
     title = title.strip()
@@ -384,48 +393,100 @@ def _runs_without_body(candidates: list[_Candidate], blank: Sequence[int], skip:
 def headings_from_outline(text: str, outline: Sequence[dict], page_starts: Sequence[int]) -> list[Heading]:
     """Place PDF outline entries (``{"title", "level", "page"}``, page 0-based) in the text.
 
-    Entries are placed from the last to the first, each at the *last* line matching its title
-    that lies on or after its page and before the next entry: a table of contents that
-    repeats the titles earlier in the text is not mistaken for the headings. Entries that
-    cannot be found are skipped.
+    Entries are placed in outline order, each at the *first* line matching its title (alone on
+    its line, or after a short number such as ``2.`` or ``IV``) that starts on or after its
+    page and after the previous entry's heading, and no later than the end of the next entry's
+    page: a line that merely repeats the title further on (a table column "Fees" inside the
+    section "Fees") is not mistaken for the heading. A matching line is passed over as a
+    table-of-contents copy when the title comes back later in the range and the next non-blank
+    line is another entry's title that also comes back later (a list of titles with no body).
+    Entries that cannot be found are skipped.
     """
-    placed: list[Heading] = []
-    limit = len(text)
-    for entry in reversed(list(outline)):
+    entries = []
+    for entry in outline:
         title = str(entry.get("title", "")).strip()
-        if not title:
+        if title:
+            entries.append((title, int(entry.get("level", 1)), _outline_page(entry, page_starts)))
+    patterns = {title: _title_patterns(title) for title, _, _ in entries}
+    by_norm_title = {_norm_title(title): pats for title, pats in patterns.items()}
+    placed: list[Heading] = []
+    lo_floor = 0
+    n = len(text)
+    for k, (title, level, page) in enumerate(entries):
+        lo = max(_page_start(page_starts, page, n), lo_floor)
+        next_page = entries[k + 1][2] if k + 1 < len(entries) else None
+        hi = n if next_page is None else max(lo, _page_end(page_starts, max(page, next_page), n))
+        matches = _title_lines(text, patterns[title], lo, hi)
+        if not matches:
             continue
-        page = int(entry.get("page", 0) or 0)
-        page_start = page_starts[page] if 0 <= page < len(page_starts) else 0
-        pos = _find_title_line(text, title, min(page_start, limit), limit)
-        if pos is None:
-            continue
-        start, end = pos
-        placed.append(Heading(text[start:end].strip(), int(entry.get("level", 1)), start, end, "outline"))
-        limit = start
-    return placed[::-1]
+        start, end = next(
+            (m for i, m in enumerate(matches) if not (i + 1 < len(matches) and _is_toc_copy(text, m[1], by_norm_title))),
+            matches[-1],
+        )
+        placed.append(Heading(text[start:end].strip(), level, start, end, "outline"))
+        lo_floor = end
+    return placed
 
 
-def _find_title_line(text: str, title: str, lo: int, hi: int) -> tuple[int, int] | None:
-    """The last line in ``text[lo:hi]`` that is ``title`` (optionally after a number)."""
-    words = [re.escape(w) for w in title.split()]
-    if not words:
-        return None
-    body = r"\s+".join(words)
-    for pattern in (r"(?im)^[ \t]*(" + body + r")[ \t]*$", r"(?im)^[ \t]*(\S{1,12}[ \t]+" + body + r")[ \t]*$"):
-        last = None
-        for m in re.finditer(pattern, text[lo:hi]):
-            last = m
-        if last is not None:
-            return lo + last.start(1), lo + last.end(1)
-    return None
+def _outline_page(entry: dict, page_starts: Sequence[int]) -> int:
+    page = int(entry.get("page", 0) or 0)
+    return page if 0 <= page < len(page_starts) else 0
+
+
+def _page_start(page_starts: Sequence[int], page: int, n: int) -> int:
+    return min(page_starts[page], n) if 0 <= page < len(page_starts) else 0
+
+
+def _page_end(page_starts: Sequence[int], page: int, n: int) -> int:
+    return min(page_starts[page + 1], n) if page + 1 < len(page_starts) else n
+
+
+def _title_patterns(title: str) -> tuple[re.Pattern[str], ...]:
+    """Lines that are ``title`` (whitespace-insensitive, any case), then ``title`` after a short
+    token such as a number; the first pattern with a match wins."""
+    body = r"\s+".join(re.escape(w) for w in title.split())
+    return (
+        re.compile(r"(?im)^[ \t]*(" + body + r")[ \t]*$"),
+        re.compile(r"(?im)^[ \t]*(\S{1,12}[ \t]+" + body + r")[ \t]*$"),
+    )
+
+
+def _title_lines(text: str, patterns: Sequence[re.Pattern[str]], lo: int, hi: int) -> list[tuple[int, int]]:
+    """(start, end) of the title in every line of ``text[lo:hi]`` the first matching pattern finds."""
+    for pattern in patterns:
+        found = [(m.start(1), m.end(1)) for m in pattern.finditer(text, lo, hi)]
+        if found:
+            return found
+    return []
+
+
+_NEXT_LINE = re.compile(r"[^\S\r\n]*(?:\r\n|[\r\n])\s*([^\r\n]*)")
+
+
+def _is_toc_copy(text: str, end: int, by_norm_title: dict[str, tuple[re.Pattern[str], ...]]) -> bool:
+    """Whether the title line ending at ``end`` is followed (blank lines aside) by another
+    outline title's line that comes back later in the text: a table of contents lists titles
+    with no body between them."""
+    m = _NEXT_LINE.match(text, end)
+    if not m:
+        return False
+    line = m.group(1).strip()
+    parts = line.split(None, 1)
+    for candidate in (line, parts[1] if len(parts) == 2 else ""):  # the title, or a number then the title
+        patterns = by_norm_title.get(_norm_title(candidate))
+        if patterns is not None:
+            return any(p.search(text, m.end(1)) for p in patterns)
+    return False
 
 
 def split_sections(text: str, headings: Sequence[Heading]) -> list[Section]:
     """Tile ``text`` into sections, one per heading plus a preamble when text precedes it.
 
     A section runs from the start of its heading line to the start of the next heading line
-    (so sub-sections are separate spans; the path records nesting). Empty text gives [].
+    (so sub-sections are separate spans; the path records nesting). Lines are cut as
+    :func:`detect_headings` cuts them (``str.splitlines``: ``\\n``, ``\\r``, ``\\f``, ``\\u2028``, ...),
+    so the text before a heading's line always stays with the previous section. The heading's
+    own line break (and blank lines right after it) belong to the heading. Empty text gives [].
     """
     if not text:
         return []
@@ -433,7 +494,7 @@ def split_sections(text: str, headings: Sequence[Heading]) -> list[Section]:
     ordered = sorted(headings, key=lambda h: h.start)
     first_start = ordered[0].start if ordered else len(text)
     # Start each heading's span at the beginning of its line.
-    line_starts = [text.rfind("\n", 0, h.start) + 1 for h in ordered]
+    line_starts = [_line_start(text, h.start) for h in ordered]
     if ordered:
         first_start = line_starts[0]
     if first_start > 0:
@@ -446,8 +507,8 @@ def split_sections(text: str, headings: Sequence[Heading]) -> list[Section]:
         start = line_starts[idx]
         end = line_starts[idx + 1] if idx + 1 < len(ordered) else len(text)
         heading_end = min(end, h.end)
-        # The heading line's own newline belongs to the heading.
-        while heading_end < end and text[heading_end] in "\r\n":
+        # The heading line's own line break belongs to the heading.
+        while heading_end < end and text[heading_end] in _LINE_BREAKS:
             heading_end += 1
         sections.append(Section(h.title, tuple(t for _, t in stack), h.level, start, end, heading_end))
     return sections

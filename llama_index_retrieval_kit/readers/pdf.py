@@ -10,12 +10,19 @@ from llama_index.core.bridge.pydantic import Field
 from llama_index.core.schema import Document
 
 from .base import FileReader, FileReadError, base_metadata
-from .cleanup import dehyphenate, normalize_whitespace, remove_repeated_lines, removed_share
+from .cleanup import dehyphenate, normalize_whitespace, remove_repeated_lines, removed_share, unhyphenated_words
 
 logger = logging.getLogger(__name__)
 
 #: Pages are joined with a blank line, so a page never glues onto the next one's first word.
 PAGE_SEPARATOR = "\n\n"
+
+
+#: Where ``remove_headers_footers=False`` goes, named in the clean-up warnings.
+KEEP_LINES_HOW = (
+    "PagedPDFReader or DocumentFolderReader, `rkit index --keep-headers-footers`, "
+    "or `reader: {remove_headers_footers: false}` in a pipeline config"
+)
 
 
 class PagedPDFReader(FileReader):
@@ -32,9 +39,17 @@ class PagedPDFReader(FileReader):
     one bad file never stops a batch.
     """
 
-    dehyphenate: bool = Field(default=True, description="Join words hyphenated across line ends.")
+    dehyphenate: bool = Field(
+        default=True,
+        description="Join words hyphenated across line ends when the joined word is known (written closed in "
+        "the document, or in the packaged MiniLM vocabulary) and not better read as a compound; other "
+        "hyphens stay (well-known).",
+    )
     remove_headers_footers: bool = Field(
-        default=True, description="Drop running headers/footers and page numbers repeated on page edges."
+        default=True,
+        description="Drop running headers/footers (the same short line at the same page edge place on at least 3 "
+        "pages and header_footer_min_share of them) and page numbers; lines that read like content (over 60 "
+        "characters, or ending with . ! ?) and keyword headings (ARTICLE 3) are always kept.",
     )
     header_footer_min_share: float = Field(
         default=0.5, gt=0.0, le=1.0, description="Share of pages a line must repeat on to count as header/footer."
@@ -77,21 +92,24 @@ class PagedPDFReader(FileReader):
             if not any(p.strip() for p in pages):
                 logger.warning(
                     "%s: header/footer removal would leave no text; keeping the pages as extracted "
-                    "(pass remove_headers_footers=False to silence this)",
+                    "(keep every line with remove_headers_footers=False: %s)",
                     path,
+                    KEEP_LINES_HOW,
                 )
                 pages = raw
         if self.dehyphenate:
-            pages = [dehyphenate(p) for p in pages]
+            closed = unhyphenated_words(pages)
+            pages = [dehyphenate(p, document_words=closed) for p in pages]
         if self.normalize_whitespace:
             pages = [normalize_whitespace(p) for p in pages]
         share = removed_share(raw, pages)
         if share > self.cleanup_warning_share:
             logger.warning(
                 "%s: clean-up removed %.0f%% of the text's characters (headers/footers, page numbers); "
-                "check the result, or pass remove_headers_footers=False to keep every line",
+                "check the result, or keep every line with remove_headers_footers=False (%s)",
                 path,
                 100 * share,
+                KEEP_LINES_HOW,
             )
         return pages
 

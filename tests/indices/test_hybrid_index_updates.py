@@ -4,6 +4,7 @@ BM25, Qdrant dense, Qdrant sparse / qdrant_hybrid) ends up holding exactly the n
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 from llama_index.core.node_parser import get_leaf_nodes
@@ -54,6 +55,7 @@ def test_upsert_of_a_changed_document_embeds_only_changed_chunks_and_leaves_no_s
         "chunks": len(new_nodes),
         "removed": len(old_ids - new_ids),
         "embedded": expected_embedded,
+        "empty": [],
     }
     assert len(index.cache) == cache_before + expected_embedded
     after = _support.assert_consistent(index)  # docstore == BM25 == Qdrant (ids, texts, dense, sparse)
@@ -116,10 +118,33 @@ def test_deleting_an_unknown_document_is_a_clear_error(index) -> None:
     _support.assert_consistent(index)
 
 
-def test_upsert_of_a_document_that_became_empty_removes_its_chunks(index) -> None:
+def test_upsert_of_a_document_that_became_empty_removes_its_chunks(index, caplog: pytest.LogCaptureFixture) -> None:
     from llama_index.core import Document
 
-    counts = index.upsert([Document(text="", id_=CHANGED_DOC)])
+    with caplog.at_level(logging.WARNING, logger="llama_index_retrieval_kit.indices.hybrid_index"):
+        counts = index.upsert([Document(text="", id_=CHANGED_DOC)])
     assert counts["chunks"] == 0 and counts["removed"] > 0
+    assert counts["empty"] == [CHANGED_DOC]
     _support.assert_consistent(index)
     assert CHANGED_DOC not in index.doc_ids()
+    warned = [r.getMessage() for r in caplog.records if "gave no chunks" in r.getMessage()]
+    assert len(warned) == 1 and repr(CHANGED_DOC) in warned[0]
+
+
+def test_upsert_names_every_document_that_gave_no_chunks(index, caplog: pytest.LogCaptureFixture) -> None:
+    """A whitespace-only replacement and a whitespace-only new document are listed in
+    ``stats["empty"]`` and in one warning; the documents with text are not."""
+    from llama_index.core import Document
+
+    (kept,) = [d for d in _support.sample_documents() if d.id_ == CHANGED_DOC]
+    before = set(index.doc_ids())
+    docs = [Document(text="  \n\t\n", id_="terms-blank.txt"), kept, Document(text="\n\n", id_="new-empty.txt")]
+    with caplog.at_level(logging.WARNING, logger="llama_index_retrieval_kit.indices.hybrid_index"):
+        counts = index.upsert(docs)
+    assert counts["empty"] == ["terms-blank.txt", "new-empty.txt"]
+    assert counts["documents"] == 3 and counts["chunks"] > 0
+    assert set(index.doc_ids()) == before  # the empty ones are not indexed; CHANGED_DOC still is
+    warned = [r.getMessage() for r in caplog.records if "gave no chunks" in r.getMessage()]
+    assert len(warned) == 1 and "'terms-blank.txt'" in warned[0] and "'new-empty.txt'" in warned[0]
+    assert repr(CHANGED_DOC) not in warned[0]
+    _support.assert_consistent(index)
