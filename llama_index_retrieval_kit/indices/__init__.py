@@ -15,6 +15,9 @@ _EXPORTS = {
     "DocumentIdConflictError": ".hybrid_index",
     "HybridIndex": ".hybrid_index",
     "IndexBusyError": ".hybrid_index",
+    "IndexBeingPublishedError": ".hybrid_index",
+    "InterruptedCacheWriteError": ".embedding_cache",
+    "ForeignCollectionError": ".store",
     "IndexManifest": ".manifest",
     "DamagedIndexError": ".storage",
     "IndexReadOnlyError": ".storage",
@@ -30,6 +33,9 @@ __all__ = [
     "ChunkIdConflictError",
     "DocumentIdConflictError",
     "IndexBusyError",
+    "IndexBeingPublishedError",
+    "InterruptedCacheWriteError",
+    "ForeignCollectionError",
     "IndexManifest",
     "DamagedIndexError",
     "IndexReadOnlyError",
@@ -43,15 +49,16 @@ __all__ = [
 __getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
 
 if TYPE_CHECKING:  # the real imports, for type checkers and IDEs
-    from .embedding_cache import EmbeddingCache, embed_texts
+    from .embedding_cache import EmbeddingCache, InterruptedCacheWriteError, embed_texts
     from .hybrid_index import (
         RETRIEVER_MODES,
         RETRIEVER_OPTIONS,
         ChunkIdConflictError,
         DocumentIdConflictError,
         HybridIndex,
+        IndexBeingPublishedError,
         IndexBusyError,
     )
     from .manifest import IndexManifest
     from .storage import DamagedIndexError, IndexReadOnlyError, IndexWriteLockedError
-    from .store import EdgePoints, ServerPoints
+    from .store import EdgePoints, ForeignCollectionError, ServerPoints

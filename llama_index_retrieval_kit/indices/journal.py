@@ -140,10 +140,11 @@ class WriteJournal:
         self._manifest = manifest
 
     def save(self, manifest: IndexManifest) -> None:
-        """Adopt ``manifest`` and write it to ``index.json`` in one rename. Adopted first: when the
-        write fails, the disk keeps the previous manifest and the next sync with it reconciles."""
-        self._manifest = manifest
+        """Write ``manifest`` to ``index.json`` in one rename, then adopt it. Adopted only once
+        written: when the write fails, memory and disk both keep the previous manifest, so this
+        object never acts on a state the folder does not record (e.g. a server it did not switch to)."""
         manifest.write(self.path)
+        self._manifest = manifest
 
     def read_disk(self) -> IndexManifest:
         """``index.json`` as it is on disk now (another process may have committed since)."""

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Dict, List, Optional, Sequence, Union
+from contextlib import nullcontext
+from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Union
 
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.callbacks.base import CallbackManager
@@ -66,6 +67,13 @@ class HybridRetriever(CheckedQueryMixin, BaseRetriever):
 
     ``_aretrieve`` queries the legs concurrently with ``asyncio.gather``; a leg without a native
     async implementation runs synchronously inside the event loop (LlamaIndex's default).
+
+    ``read_guard`` (e.g. ``HybridIndex``'s read lock, which the retrievers it builds pass) is held
+    around all legs of a query, so that a write between two legs cannot mix two states of the
+    index in one answer. The legs must not take it themselves (a lock that favours waiting writers
+    deadlocks on nested reads). With a guard, ``_aretrieve`` runs the legs' synchronous
+    ``retrieve`` in a worker thread (``asyncio.to_thread``) holding the guard there: a thread lock
+    held across ``await`` points could block the event loop.
     """
 
     def __init__(
@@ -79,6 +87,7 @@ class HybridRetriever(CheckedQueryMixin, BaseRetriever):
         similarity_top_k: int = 10,
         callback_manager: Optional[CallbackManager] = None,
         verbose: bool = False,
+        read_guard: Optional[Callable[[], ContextManager[Any]]] = None,
     ) -> None:
         """Set up the fusion; all arguments are checked here.
 
@@ -90,6 +99,8 @@ class HybridRetriever(CheckedQueryMixin, BaseRetriever):
             weights: One weight (>= 0) per leg; default equal.
             candidate_top_k: Per-leg depth (int for all legs, or one int per leg); None keeps all.
             similarity_top_k: Number of fused results (>= 1).
+            read_guard: Called once per query; returns a context manager held while every leg
+                runs (default: none). See the class docstring.
         """
         super().__init__(callback_manager=callback_manager, verbose=verbose)
         retrievers = list(retrievers)
@@ -101,6 +112,9 @@ class HybridRetriever(CheckedQueryMixin, BaseRetriever):
         if mode not in FUSION_MODES:
             raise ValueError(f"mode {mode!r} is not supported; use one of {FUSION_MODES}")
         check_positive_int("similarity_top_k", similarity_top_k)
+        if read_guard is not None and not callable(read_guard):
+            raise TypeError(f"read_guard must be None or a callable returning a context manager, got {read_guard!r}")
+        self._read_guard = read_guard
         self._retrievers = retrievers
         self._names = leg_names(len(retrievers), names)
         self._weights = check_weights(len(retrievers), weights)
@@ -167,11 +181,19 @@ class HybridRetriever(CheckedQueryMixin, BaseRetriever):
         return score_fusion(truncated, weights=self._weights, top_k=self._similarity_top_k, names=self._names)
 
     def _retrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
-        if tracing_enabled():
-            return self._traced_fuse(query_bundle, [timed(leg.retrieve, query_bundle) for leg in self._retrievers])
-        return self._fuse([leg.retrieve(query_bundle) for leg in self._retrievers])
+        traced = tracing_enabled()
+        with (self._read_guard or nullcontext)():  # every leg from one state of the index
+            if traced:
+                timed_legs = [timed(leg.retrieve, query_bundle) for leg in self._retrievers]
+            else:
+                leg_results = [leg.retrieve(query_bundle) for leg in self._retrievers]
+        if traced:
+            return self._traced_fuse(query_bundle, timed_legs)
+        return self._fuse(leg_results)
 
     async def _aretrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
+        if self._read_guard is not None:  # the guard is held in a worker thread, never across an await
+            return await asyncio.to_thread(self._retrieve, query_bundle)
         if tracing_enabled():
             timed_legs = await asyncio.gather(*(atimed(leg.aretrieve(query_bundle)) for leg in self._retrievers))
             return self._traced_fuse(query_bundle, timed_legs)
