@@ -10,6 +10,7 @@ named ``.<name>.*.tmp``). The new file keeps the mode of the one it replaces (0o
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 import tempfile
@@ -17,38 +18,58 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, Iterator
 
+logger = logging.getLogger(__name__)
+
 NEW_FILE_MODE = 0o644
 
 
-def fsync_folder(path: Path | str) -> None:
-    """fsync a folder so that a rename in it is durable (a no-op where folders cannot be opened)."""
+def fsync_dir(path: Path | str) -> None:
+    """Flush a directory's entries (after a create, rename or delete in it); a no-op where the
+    platform cannot open directories (Windows) or fsync them."""
+    if os.name == "nt":
+        return
     try:
-        fd = os.open(str(path), os.O_RDONLY)
-    except OSError:  # pragma: no cover - Windows
+        fd = os.open(str(path), os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
         return
     try:
         os.fsync(fd)
-    except OSError:  # pragma: no cover - some file systems refuse
-        pass
+    except OSError as exc:  # EINVAL/ENOTSUP on file systems that do not support it
+        logger.debug("fsync of directory %s: %s", path, exc)
     finally:
         os.close(fd)
 
 
 @contextmanager
 def atomic_writer(
-    path: Path | str, mode: str = "w", encoding: str | None = "utf-8", newline: str | None = None
+    path: Path | str,
+    mode: str = "w",
+    encoding: str | None = "utf-8",
+    newline: str | None = None,
+    temp_prefix: str | None = None,
+    file_mode: int | None = None,
+    make_parents: bool = True,
+    sync_folder: bool = True,
 ) -> Iterator[IO[Any]]:
     """A file handle whose content replaces ``path`` when the ``with`` block ends without error
-    (``mode`` ``"w"`` for text, ``"wb"`` for bytes; ``newline`` as :func:`open`'s, text only)."""
+    (``mode`` ``"w"`` for text, ``"wb"`` for bytes; ``newline`` as :func:`open`'s, text only).
+
+    ``temp_prefix``: the temporary file's name prefix (default ``.<name>.``); ``file_mode``: the
+    new file's permissions (default: those of the file it replaces, else :data:`NEW_FILE_MODE`);
+    ``make_parents=False``: a missing folder is an error instead of being created;
+    ``sync_folder=False``: the caller makes the rename durable (:func:`fsync_dir` of the folder)."""
     if mode not in ("w", "wb"):
         raise ValueError(f"mode must be 'w' or 'wb', got {mode!r}")
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        file_mode = stat.S_IMODE(os.stat(path).st_mode)  # follows a symlink: the mode of what it names
-    except OSError:
-        file_mode = NEW_FILE_MODE
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    if make_parents:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    if file_mode is None:
+        try:
+            file_mode = stat.S_IMODE(os.stat(path).st_mode)  # follows a symlink: the mode of what it names
+        except OSError:
+            file_mode = NEW_FILE_MODE
+    prefix = f".{path.name}." if temp_prefix is None else temp_prefix
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=prefix, suffix=".tmp")
     try:
         os.chmod(tmp, file_mode)
         text = mode == "w"
@@ -60,7 +81,8 @@ def atomic_writer(
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    fsync_folder(path.parent)
+    if sync_folder:
+        fsync_dir(path.parent)
 
 
 def write_text_atomic(path: Path | str, text: str, encoding: str = "utf-8") -> Path:

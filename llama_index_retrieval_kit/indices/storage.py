@@ -34,12 +34,13 @@ import math
 import os
 import re
 import shutil
-import tempfile
 import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Dict, FrozenSet, Iterator, List, Mapping, Optional, Sequence
+
+from .._files import atomic_writer, fsync_dir
 
 logger = logging.getLogger(__name__)
 
@@ -666,23 +667,6 @@ def fsync_file(path: Path | str) -> None:
         os.close(fd)
 
 
-def fsync_dir(path: Path | str) -> None:
-    """Flush a directory's entries (after a create, rename or delete in it); a no-op where the
-    platform cannot open directories (Windows) or fsync them."""
-    if os.name == "nt":
-        return
-    try:
-        fd = os.open(str(path), os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError as exc:  # EINVAL/ENOTSUP on file systems that do not support it
-        logger.debug("fsync of directory %s: %s", path, exc)
-    finally:
-        os.close(fd)
-
-
 def fsync_tree(path: Path | str) -> None:
     """fsync every file under ``path`` (or ``path`` itself), then the folders, deepest first."""
     path = Path(path)
@@ -702,18 +686,12 @@ def fsync_tree(path: Path | str) -> None:
 
 def write_json_atomic(path: Path | str, data: Any) -> None:
     """Replace ``path`` with ``data`` as JSON in one rename: the file and its directory entry are
-    fsynced, and a failed write leaves the old file and no temporary file."""
+    fsynced, and a failed write leaves the old file and no temporary file
+    (:func:`~llama_index_retrieval_kit._files.atomic_writer`; temporary names
+    ``<name><8 characters>.tmp``, :data:`INDEX_SIDE_FILES`; owner-only permissions)."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=2)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_writer(path, temp_prefix=path.name, file_mode=0o600, make_parents=False, sync_folder=False) as fh:
+        json.dump(data, fh, indent=2)
     fsync_dir(path.parent)
 
 

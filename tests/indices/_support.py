@@ -303,3 +303,35 @@ def assert_consistent(index: HybridIndex) -> Legs:
 
 def qdrant_ids(index: HybridIndex) -> set:
     return set(read_legs(index).qdrant)
+
+
+class SharedServer:
+    """One Qdrant that several HybridIndex objects talk to, as processes share a Qdrant server
+    (``qdrant_url=...``): qdrant-client's local mode stands in for it, and closing one index's
+    client does not close it. ``fail_upserts`` makes point writes fail (a server going away)."""
+
+    fail_upserts = False
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    def upsert(self, *args: Any, **kwargs: Any) -> Any:
+        if SharedServer.fail_upserts:
+            raise ConnectionError("the Qdrant server went away")
+        return self._client.upsert(*args, **kwargs)
+
+    def close(self, **kwargs: Any) -> None:  # the server outlives each index's client
+        pass
+
+
+def share_server(monkeypatch: Any, client: Any) -> Any:
+    """Make every ``qdrant_url`` of ``HybridIndex`` reach ``client`` (a ``QdrantClient`` in local
+    mode) for the rest of the test; returns ``client``."""
+    from llama_index_retrieval_kit.indices import hybrid_index
+
+    monkeypatch.setattr(hybrid_index, "server_client", lambda url, api_key=None: SharedServer(client))
+    monkeypatch.setattr(SharedServer, "fail_upserts", False)
+    return client

@@ -25,32 +25,19 @@ from llama_index.core.embeddings import MockEmbedding
 from qdrant_client import QdrantClient
 
 from llama_index_retrieval_kit.indices import HybridIndex, IndexReadOnlyError
-from llama_index_retrieval_kit.indices import hybrid_index as hybrid_index_module
 from llama_index_retrieval_kit.indices.hybrid_index import IndexBeingPublishedError
 from llama_index_retrieval_kit.indices import storage as storage_module
 from llama_index_retrieval_kit.indices.embedding_cache import InterruptedCacheWriteError
+
+from . import _support
 
 URL = "http://qdrant.example:6333"
 MODEL = MockEmbedding(embed_dim=8)
 
 
-class SharedServer:
-    """One local-mode store every index's client talks to (as processes share a server)."""
-
-    def __init__(self, client: QdrantClient) -> None:
-        self._client = client
-
-    def __getattr__(self, name: str):
-        return getattr(self._client, name)
-
-    def close(self, **kwargs) -> None:  # the server outlives each index's client
-        pass
-
-
 @pytest.fixture()
 def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[QdrantClient]:
-    client = QdrantClient(path=str(tmp_path / "server"))
-    monkeypatch.setattr(hybrid_index_module, "server_client", lambda url, api_key=None: SharedServer(client))
+    client = _support.share_server(monkeypatch, QdrantClient(path=str(tmp_path / "server")))
     yield client
     client.close()
 

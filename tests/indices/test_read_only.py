@@ -193,16 +193,7 @@ def test_a_reader_of_a_server_folder_searches_the_server_and_follows_its_writer(
     from llama_index.core.embeddings import MockEmbedding
     from qdrant_client import QdrantClient
 
-    client = QdrantClient(location=":memory:")  # stands in for a Qdrant server both objects share
-
-    class Shared:
-        def __getattr__(self, name):
-            return getattr(client, name)
-
-        def close(self, **kwargs):
-            pass
-
-    monkeypatch.setattr(hybrid_index_module, "server_client", lambda url, api_key=None: Shared())
+    client = _support.share_server(monkeypatch, QdrantClient(location=":memory:"))  # a Qdrant server both objects share
     model = MockEmbedding(embed_dim=8)
     docs = [Document(id_=f"d{i}", text=f"fee clause {i} about late payment") for i in range(4)]
     with HybridIndex.from_documents(docs, tmp_path / "index", embed_model=model, qdrant_url="http://qdrant.invalid:6333") as writer:
@@ -236,16 +227,7 @@ def test_a_reader_on_a_server_never_returns_points_another_writer_moved_out_of_i
     from llama_index.core.vector_stores.types import MetadataFilter, MetadataFilters
     from qdrant_client import QdrantClient
 
-    client = QdrantClient(location=":memory:")
-
-    class Shared:
-        def __getattr__(self, name):
-            return getattr(client, name)
-
-        def close(self, **kwargs):
-            pass
-
-    monkeypatch.setattr(hybrid_index_module, "server_client", lambda url, api_key=None: Shared())
+    _support.share_server(monkeypatch, QdrantClient(location=":memory:"))
     model = MockEmbedding(embed_dim=8)
     docs = [Document(id_=f"acme-{i}", text=f"Refund policy of acme, part {i}.", metadata={"tenant.id": "acme"}) for i in range(6)]
     docs += [Document(id_=f"globex-{i}", text=f"Refund policy of globex, part {i}.", metadata={"tenant.id": "globex"}) for i in range(2)]

@@ -20,7 +20,6 @@ from llama_index.core.embeddings import MockEmbedding
 from qdrant_client import QdrantClient, models
 
 from llama_index_retrieval_kit.indices import HybridIndex, IndexManifest
-from llama_index_retrieval_kit.indices import hybrid_index as hybrid_index_module
 from llama_index_retrieval_kit.indices.store import (
     ForeignCollectionError,
     ServerCollections,
@@ -30,36 +29,15 @@ from llama_index_retrieval_kit.indices.store import (
     served_collection_name,
 )
 
+from . import _support
+
 URL = "http://qdrant.example:6333"
 MODEL = MockEmbedding(embed_dim=8)
 
 
-class SharedServer:
-    """One local-mode store that every index's client talks to, as processes share a server;
-    ``fail_upserts`` makes point writes fail (a server going away mid-build)."""
-
-    fail_upserts = False
-
-    def __init__(self, client: QdrantClient) -> None:
-        self._client = client
-
-    def __getattr__(self, name: str):
-        return getattr(self._client, name)
-
-    def upsert(self, *args, **kwargs):
-        if SharedServer.fail_upserts:
-            raise ConnectionError("the Qdrant server went away")
-        return self._client.upsert(*args, **kwargs)
-
-    def close(self, **kwargs) -> None:  # the server outlives each index's client
-        pass
-
-
 @pytest.fixture()
 def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[QdrantClient]:
-    client = QdrantClient(path=str(tmp_path / "server"))
-    monkeypatch.setattr(hybrid_index_module, "server_client", lambda url, api_key=None: SharedServer(client))
-    monkeypatch.setattr(SharedServer, "fail_upserts", False)
+    client = _support.share_server(monkeypatch, QdrantClient(path=str(tmp_path / "server")))
     yield client
     client.close()
 
@@ -152,7 +130,7 @@ def test_a_rebuild_on_a_server_keeps_none_of_the_old_points(tmp_path: Path, serv
     with HybridIndex.from_documents(documents("old", 3), path, embed_model=MODEL, qdrant_url=URL, collection="kb") as index:
         index_id, old_collection = index.manifest.index_id, index.manifest.collection
     # a build collection of this index left by an interrupted build: removed by the next publish
-    ServerPoints(SharedServer(server), build_collection_name("kb"), url=URL, index_id=index_id).create(8)
+    ServerPoints(_support.SharedServer(server), build_collection_name("kb"), url=URL, index_id=index_id).create(8)
     with HybridIndex.from_documents(documents("new", 1), path, embed_model=MODEL, qdrant_url=URL, overwrite=True) as index:
         assert index.manifest.index_id == index_id  # the same index, rebuilt: its collections stay recognisable
         assert served_collection_name(index.manifest.collection) == "kb" != index.manifest.collection != old_collection
@@ -168,14 +146,14 @@ def test_a_failed_server_build_keeps_the_old_index_and_leaves_no_collection(tmp_
     path = tmp_path / "idx"
     with HybridIndex.from_documents(documents("old", 2), path, embed_model=MODEL, qdrant_url=URL) as index:
         old_collection = index.manifest.collection
-    monkeypatch.setattr(SharedServer, "fail_upserts", True)
+    monkeypatch.setattr(_support.SharedServer, "fail_upserts", True)
     with pytest.raises(ConnectionError):
         HybridIndex.from_documents(documents("new", 3), path, embed_model=MODEL, qdrant_url=URL, overwrite=True)
-    monkeypatch.setattr(SharedServer, "fail_upserts", False)
+    monkeypatch.setattr(_support.SharedServer, "fail_upserts", False)
     assert collections(server) == [old_collection] and aliases(server) == {"chunks": old_collection}
     with HybridIndex.load(path, embed_model=MODEL) as index:
         assert engine_doc_ids(index)["qdrant_hybrid"] == ["old0.txt", "old1.txt"]
-    monkeypatch.setattr(SharedServer, "fail_upserts", True)
+    monkeypatch.setattr(_support.SharedServer, "fail_upserts", True)
     with pytest.raises(ConnectionError):  # a first build too
         HybridIndex.from_documents(documents("x"), tmp_path / "other", embed_model=MODEL, qdrant_url=URL, collection="other")
     assert collections(server) == [old_collection]
@@ -186,7 +164,7 @@ def _legacy_server_folder(path: Path, server: QdrantClient, prefix: str, collect
     named in index.json, no index_id. Made from an embedded build whose points are copied over."""
     with HybridIndex.from_documents(documents(prefix), path, embed_model=MODEL) as embedded:
         points = list(embedded.store.iter_points())
-    unmarked = ServerPoints(SharedServer(server), collection, url=URL)
+    unmarked = ServerPoints(_support.SharedServer(server), collection, url=URL)
     unmarked.create(8)
     unmarked.upsert_points([p.point_id for p in points], [p.dense for p in points], [p.sparse for p in points], [p.payload for p in points])
     manifest = IndexManifest.read(path / "index.json")

@@ -191,25 +191,10 @@ def test_concurrent_upserts_and_deletes_from_two_threads(
         assert reopened.config["pending"] is None
 
 
-class SharedServer:
-    """One Qdrant that several HybridIndex objects talk to, as processes share a Qdrant server
-    (qdrant_url=...): closing one index does not close it."""
-
-    def __init__(self, client: QdrantClient) -> None:
-        self._client = client
-
-    def __getattr__(self, name: str):
-        return getattr(self._client, name)
-
-    def close(self, **kwargs) -> None:
-        pass
-
-
 def test_two_writers_on_one_folder_sharing_a_qdrant_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two HybridIndex objects (two processes, in production) on one folder with a Qdrant server:
     each write waits for the other's (``.write.lock``) and starts from the other's commit."""
-    server = QdrantClient(path=str(tmp_path / "server"))
-    monkeypatch.setattr(hybrid_index_module, "server_client", lambda url, api_key=None: SharedServer(server))
+    server = _support.share_server(monkeypatch, QdrantClient(path=str(tmp_path / "server")))
     model = MockEmbedding(embed_dim=8)
     path = tmp_path / "idx"
     HybridIndex.from_documents(tiny_documents(n=2), path, embed_model=model, qdrant_url="http://qdrant.invalid:6333").close()

@@ -145,16 +145,7 @@ def test_a_second_open_is_busy_and_leaves_the_open_shard_intact(index: HybridInd
 @pytest.fixture()
 def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """qdrant-client's local mode standing in for a Qdrant server at any URL."""
-    client = QdrantClient(path=str(tmp_path / "server"))
-
-    class Shared:
-        def __getattr__(self, name):
-            return getattr(client, name)
-
-        def close(self, **kwargs):  # one server outlives the clients of every index
-            pass
-
-    monkeypatch.setattr(hybrid_index_module, "server_client", lambda url, api_key=None: Shared())
+    client = _support.share_server(monkeypatch, QdrantClient(path=str(tmp_path / "server")))
     yield client
     client.close()
 
