@@ -44,7 +44,8 @@ EXIT_CODES = {
     EXIT_PARTIAL: "finished, but some files could not be read (listed), or nothing could be indexed",
     EXIT_USAGE: "bad arguments or input (the message says what to change), or a missing optional extra "
     "(the message names it: pip install 'llama-index-retrieval-kit[EXTRA]')",
-    EXIT_BUSY: "the index is open or being written by another process (or read-only after a failed write): "
+    EXIT_BUSY: "the index is open or being written by another process (or read-only after a failed write, "
+    "being published by a build, or its cache write was interrupted: the message says what to do): "
     "close it, or serve the index from a Qdrant server (rkit query and calibrate read it read-only beside "
     "it, but for --mode qdrant_hybrid)",
     EXIT_DAMAGED: "the index folder is damaged (the message names the file and how to rebuild)",
@@ -1091,9 +1092,17 @@ def _exit_code(exc: BaseException) -> int:
 
     if isinstance(exc, MissingExtraError):  # an optional extra is not installed: the message names it
         return EXIT_USAGE
-    from .indices import DamagedIndexError, IndexBusyError, IndexReadOnlyError, IndexWriteLockedError
+    from .indices import (
+        DamagedIndexError,
+        IndexBeingPublishedError,
+        IndexBusyError,
+        IndexReadOnlyError,
+        IndexWriteLockedError,
+        InterruptedCacheWriteError,
+    )
 
-    if isinstance(exc, (IndexBusyError, IndexWriteLockedError, IndexReadOnlyError)):
+    busy = (IndexBusyError, IndexWriteLockedError, IndexReadOnlyError, IndexBeingPublishedError, InterruptedCacheWriteError)
+    if isinstance(exc, busy):
         return EXIT_BUSY
     if isinstance(exc, DamagedIndexError):
         return EXIT_DAMAGED

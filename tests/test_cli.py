@@ -279,3 +279,15 @@ def test_demo_refuses_an_out_folder_holding_what_it_did_not_write(tmp_path: Path
     assert code == EXIT_USAGE and "no earlier `rkit demo` wrote" in err and "index, chunks.jsonl" in err
     assert sorted(p.name for p in project.iterdir()) == ["chunks.jsonl", "index"]
     assert (project / "index" / "mine.txt").read_text(encoding="utf-8") == "my index"
+
+
+def test_expected_index_states_exit_busy_with_one_line_not_internal() -> None:
+    """An index being published, or a cache write a killed writer left, are conditions to act on,
+    not bugs: exit 3 (busy), never 70 (internal)."""
+    from pathlib import Path as _Path
+
+    from llama_index_retrieval_kit.cli import EXIT_BUSY, _exit_code
+    from llama_index_retrieval_kit.indices import IndexBeingPublishedError, InterruptedCacheWriteError
+
+    assert _exit_code(InterruptedCacheWriteError(_Path("idx/embeddings.sqlite"))) == EXIT_BUSY
+    assert _exit_code(IndexBeingPublishedError(_Path("idx"))) == EXIT_BUSY
