@@ -33,6 +33,7 @@ SYSTEMS: Dict[str, Dict[str, Any]] = {
     "dense (Edge)": {"mode": "dense", "dense_search": "qdrant"},
     "hybrid, dense in Edge": {"mode": "hybrid", "dense_search": "qdrant"},
     "qdrant_hybrid rrf": {"mode": "qdrant_hybrid"},
+    "qdrant_hybrid rrf, leg_scores=False": {"mode": "qdrant_hybrid", "leg_scores": False},
     "qdrant_hybrid dbsf": {"mode": "qdrant_hybrid", "fusion": "dbsf"},
     "sparse (bm25s)": {"mode": "sparse"},
 }

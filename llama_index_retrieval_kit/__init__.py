@@ -29,6 +29,8 @@ _EXPORTS = {
     "EmbeddingCache": ".indices",
     "HybridIndex": ".indices",
     "IndexBusyError": ".indices",
+    "EmbedSettingsMismatchError": ".indices",
+    "StaleServerCopyError": ".indices",
     "SectionHierarchyNodeParser": ".node_parser",
     "SectionWindowNodeParser": ".node_parser",
     "ContextAssembler": ".postprocessor",
@@ -69,6 +71,8 @@ __all__ = [
     "score_fusion",
     "HybridIndex",
     "IndexBusyError",
+    "EmbedSettingsMismatchError",
+    "StaleServerCopyError",
     "ChunkIdConflictError",
     "DocumentIdConflictError",
     "EmbeddingCache",
@@ -98,7 +102,7 @@ if TYPE_CHECKING:  # the real imports, for type checkers and IDEs
     from .tracing import JsonlTraceWriter, QueryTrace, StageTrace, TraceCollector, collect_traces, format_trace
     from .embeddings import FastHuggingFaceEmbedding
     from .pipeline import PipelineConfig, build_index, build_query_engine, build_retriever
-    from .indices import ChunkIdConflictError, DocumentIdConflictError, EmbeddingCache, HybridIndex, IndexBusyError
+    from .indices import ChunkIdConflictError, DocumentIdConflictError, EmbedSettingsMismatchError, EmbeddingCache, HybridIndex, IndexBusyError, StaleServerCopyError
     from .node_parser import SectionHierarchyNodeParser, SectionWindowNodeParser
     from .postprocessor import (
         ContextAssembler,

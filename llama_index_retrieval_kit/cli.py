@@ -2,13 +2,15 @@
 
     rkit demo                                # the main job on the bundled samples
     rkit ingest FILE_OR_DIR ...              # chunk documents, print a summary, write JSONL
-    rkit index FILE_OR_DIR ... --storage DIR # build or update a hybrid index folder
+    rkit index FILE_OR_DIR ... --storage DIR # build or update a hybrid index folder (--prune: drop deleted files)
+    rkit delete --storage DIR DOC_ID ...     # remove documents from an index folder
+    rkit purge --storage DIR                 # erase deleted documents' leftovers from the folder's files
     rkit query --storage DIR "question"      # retrieve from an index folder (--json, --gate, --trace)
     rkit calibrate --storage DIR --dataset PATH --out gate.json   # fit a no-answer gate
     rkit inspect FILE                        # pages, sections and chunks of one file
     rkit eval --dataset PATH --config NAME_OR_YAML ... --out DIR   # compare retrievers, write a report
 
-``index``, ``query``, ``calibrate`` and ``eval`` take ``--config pipeline.yaml`` (a
+``index``, ``delete``, ``purge``, ``query``, ``calibrate`` and ``eval`` take ``--config pipeline.yaml`` (a
 :class:`~llama_index_retrieval_kit.pipeline.PipelineConfig`); an option given on the command line
 overrides the config.
 """
@@ -21,7 +23,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from ._enums import RetrieverMode
 
@@ -104,8 +106,9 @@ def _print_results(results: Sequence, width: int = 240) -> None:
         m = r.node.metadata
         legs = getattr(r, "leg_ranks", None)
         leg_text = f"  legs {legs}" if legs else ""
-        _out(f"{rank:>2}. {r.score:.4f}  {m.get('doc_id')}  {m.get('section_header') or '(preamble)'}  "
-             f"p.{m.get('page_start')}-{m.get('page_end')}{leg_text}")
+        start, end = m.get("page_start"), m.get("page_end")
+        pages = "" if start is None else f"  p.{start}" if end in (None, start) else f"  pp.{start}-{end}"
+        _out(f"{rank:>2}. {r.score:.4f}  {m.get('doc_id')}  {m.get('section_header') or '(preamble)'}{pages}{leg_text}")
         _out("      " + " ".join(r.node.get_content().split())[:width])
 
 
@@ -209,17 +212,21 @@ def cmd_index(args: argparse.Namespace) -> int:
     _print_unsupported(paths, reader)
     for f in failures:
         _out(f"could not read {f}")
+    folders = _given_folders(paths)
+    updating = (storage / "index.json").exists() and not args.rebuild
+    if args.prune and not folders:
+        _out("--prune: nothing to prune, no folder was given (only documents of files under the folders given are pruned)")
     if not documents:
         _out("nothing to index")
-        return EXIT_PARTIAL
-    if (storage / "index.json").exists() and not args.rebuild:
-        if config is not None:
-            from .pipeline import open_index
-
-            index = open_index(config)  # refuses an index built with other settings than the config's
-        else:
-            index = HybridIndex.load(storage)
-        with index:
+        if not (updating and folders):
+            return EXIT_PARTIAL
+        with _open_index_to_update(config, storage) as index:  # a folder emptied: its documents may be gone
+            vanished = _VanishedDocuments.find(index, folders, keep=(), prune=args.prune)
+        vanished.report(_delete_command(args, storage, vanished.doc_ids), folders)
+        return EXIT_PARTIAL if failures or not vanished.chunks_deleted else EXIT_OK
+    vanished = None
+    if updating:
+        with _open_index_to_update(config, storage) as index:
             rekeyed = _same_files_other_ids(index, documents)
             if rekeyed and not args.migrate_ids:
                 raise CLIError(
@@ -234,6 +241,9 @@ def cmd_index(args: argparse.Namespace) -> int:
                 index.delete(old)  # after the upsert committed: the file is never missing from the index
             if rekeyed:
                 stats["migrated"] = len(rekeyed)
+            vanished = _VanishedDocuments.find(index, folders, keep={d.id_ for d in documents}, prune=args.prune)
+            if vanished.chunks_deleted:
+                stats["pruned"] = len(vanished.doc_ids)
             if want_hnsw:
                 stats["hnsw"] = "optimised" if index.optimize() else "up to date"
             total = len(index)
@@ -262,6 +272,8 @@ def cmd_index(args: argparse.Namespace) -> int:
     _out(f"indexed {stats}; {total} chunks in {storage}")
     if empty:
         _out(f"{len(empty)} document(s) gave no chunks (no text to index) and are not in the index: {_name_list(empty)}")
+    if vanished is not None:
+        vanished.report(_delete_command(args, storage, vanished.doc_ids), folders)
     if args.push:
         with HybridIndex.load(storage) as index:
             # its own earlier copy is replaced; another index's or application's collection only with --push-overwrite
@@ -269,6 +281,130 @@ def cmd_index(args: argparse.Namespace) -> int:
         where = "the index now lives there" if args.switch else f"serve it with HybridIndex.load({str(storage)!r}, qdrant_url={args.push!r})"
         _out(f"copied {copied} points to {args.push}; {where}")
     return EXIT_PARTIAL if failures else EXIT_OK
+
+
+def _open_index_to_update(config, storage: Path):
+    """The existing index ``rkit index`` updates: ``pipeline.open_index(config)`` with a config
+    (refusing an index built with other settings than the config's), else ``HybridIndex.load``."""
+    if config is not None:
+        from .pipeline import open_index
+
+        return open_index(config)
+    from .indices import HybridIndex
+
+    return HybridIndex.load(storage)
+
+
+def _given_folders(paths: Sequence[str | Path]) -> list[Path]:
+    """The folders among ``paths``, absolute and resolved (as ``document_origin`` records files)."""
+    return [Path(p).resolve() for p in paths if Path(p).is_dir()]
+
+
+def _holds_nothing(folder: Path) -> bool:
+    """Whether ``folder`` is empty (or cannot be listed): ``--prune`` then deletes nothing."""
+    try:
+        return next(os.scandir(folder), None) is None
+    except OSError:
+        return True
+
+
+def file_is_gone(path: str | Path) -> bool:
+    """Whether ``path`` no longer exists: its ``stat`` fails with "no such file" (or a folder on
+    the way is now a file). Any other failure (permission denied, an I/O error, a share that does
+    not answer) counts as present, so that pruning never deletes a document whose file may be there."""
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return True
+    except OSError:
+        return False
+    return False
+
+
+def vanished_documents(
+    origins: Mapping[str, str | None],
+    folders: Sequence[Path],
+    is_gone: Callable[[str], bool] = file_is_gone,
+    keep: Sequence[str] | set[str] = (),
+) -> list[str]:
+    """Sorted ids of the indexed documents whose file (``origins``: ``HybridIndex.document_origins()``,
+    absolute and resolved) lies under one of ``folders`` (absolute, resolved) and ``is_gone``.
+
+    A document of unknown origin, from a file outside ``folders``, or in ``keep`` (e.g. the ids
+    just indexed) is never listed; neither is one whose file still exists but could not be read.
+    """
+    from pathlib import PurePath
+
+    kept = set(keep)
+    return sorted(
+        doc_id
+        for doc_id, origin in origins.items()
+        if origin is not None
+        and doc_id not in kept
+        and any(PurePath(origin).is_relative_to(folder) for folder in folders)
+        and is_gone(origin)
+    )
+
+
+class _VanishedDocuments:
+    """The indexed documents whose files were deleted from the folders ``rkit index`` was given:
+    listed (with the command that removes them), or deleted with ``--prune``."""
+
+    def __init__(self, origins: dict[str, str], chunks_deleted: int | None) -> None:
+        self.origins = origins  # doc id -> the file it came from, which no longer exists
+        self.chunks_deleted = chunks_deleted  # None: not pruned (listed only)
+
+    @property
+    def doc_ids(self) -> list[str]:
+        return list(self.origins)
+
+    @classmethod
+    def find(cls, index: Any, folders: Sequence[Path], keep: Sequence[str] | set[str], prune: bool) -> "_VanishedDocuments":
+        """Find them in the open ``index``, after its upsert committed; delete them when ``prune``."""
+        origins = index.document_origins() if folders else {}
+        gone = vanished_documents(origins, folders, keep=keep)
+        empty = [folder for folder in folders if _holds_nothing(folder)]
+        if prune and gone and empty:  # an unmounted share's mount point looks like this: list, never prune
+            _out(
+                f"--prune: not pruning, {', '.join(map(str, empty))} holds no files at all (an unmounted drive or share "
+                "looks the same); if its files really were all deleted, remove their documents with rkit delete"
+            )
+            prune = False
+        chunks = sum(index.delete(doc_id) for doc_id in gone) if prune and gone else None
+        return cls({doc_id: origins[doc_id] for doc_id in gone}, chunks)
+
+    def report(self, delete_command: str, folders: Sequence[Path]) -> None:
+        if not self.origins:
+            return
+        where = ", ".join(map(str, folders))
+        if self.chunks_deleted is not None:
+            _out(
+                f"pruned {len(self.origins)} document(s) ({self.chunks_deleted} chunks) whose files no longer exist "
+                f"under {where}: {_name_list(self.doc_ids)}"
+            )
+            return
+        _out(
+            f"warning: {len(self.origins)} indexed document(s) came from files that no longer exist under {where}; "
+            "they are still in the index and queries still return them:"
+        )
+        for doc_id, origin in list(self.origins.items())[:20]:
+            _out(f"  - {doc_id} (was {origin})")
+        if len(self.origins) > 20:
+            _out(f"  (and {len(self.origins) - 20} more)")
+        _out(f"remove them with: {delete_command}")
+        _out("or run this rkit index command again with --prune")
+
+
+def _delete_command(args: argparse.Namespace, storage: Path, doc_ids: Sequence[str]) -> str:
+    """The ``rkit delete`` command line that removes ``doc_ids`` from the index ``rkit index`` wrote."""
+    import shlex
+
+    words = ["rkit", "delete"]
+    if getattr(args, "config", None):
+        words += ["--config", str(args.config)]
+    if not getattr(args, "config", None) or args.storage is not None:
+        words += ["--storage", str(storage)]
+    return shlex.join([*words, *doc_ids])
 
 
 def _index_reader(args: argparse.Namespace, config):
@@ -317,6 +453,130 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         chunks = len(index)
     _out(
         f"{args.storage}: migrated to Qdrant Edge ({chunks} chunks)" if before == 1 else f"{args.storage}: already current ({chunks} chunks)"
+    )
+    return EXIT_OK
+
+
+def _open_index_to_delete(args: argparse.Namespace) -> tuple[Any, Path]:
+    """The index ``rkit delete`` (and ``rkit purge``) writes to and its folder: ``--storage``, or the
+    ``--config``'s index (``--storage`` overriding ``index.storage_dir``). Deleting and purging embed
+    nothing: the query embedder (without PyTorch when an export is recorded) stands in for the model."""
+    if args.config:
+        from .models import query_embed_model
+        from .pipeline import open_index
+
+        config = _pipeline_config(args, {"index.storage_dir": args.storage})
+        if config.index.storage_dir is None:
+            raise CLIError(f"--storage is required (or index.storage_dir in {args.config})")
+        e = config.embedding
+        embed_model = query_embed_model(e.model, query_backend=e.query_backend, embed_batch_size=e.embed_batch_size)
+        return open_index(config, embed_model=embed_model, check=False), config.storage_dir  # any chunking: nothing is chunked
+    if args.storage is None:
+        raise CLIError("--storage is required (or give --config with index.storage_dir)")
+    _require_index(args.storage)
+    from .indices import HybridIndex
+
+    storage = Path(args.storage)
+    return HybridIndex.load(storage, embed_model=_query_embed_model_of(storage)), storage
+
+
+def _unknown_ids_message(unknown: Sequence[str], index: Any, storage: Path) -> str:
+    """Why ``unknown`` ids cannot be deleted, with the near ids, the documents of files named
+    instead of ids, and how to see every indexed id."""
+    import difflib
+
+    from .indices.hybrid_index import document_origin
+
+    known = index.doc_ids()
+    by_file = {origin: doc_id for doc_id, origin in index.document_origins().items() if origin}
+    hints = []
+    for name in unknown:
+        file_id = by_file.get(document_origin({"file_path": name}) or "")  # a file named instead of its id
+        if file_id is not None:
+            hints.append(f"{name!r} is the file of document {file_id!r}.")
+            continue
+        close = difflib.get_close_matches(name, known, n=3)
+        if close:
+            hints.append(f"{name!r}: did you mean {' or '.join(map(repr, close))}?")
+    listing = f"{storage} holds {len(known)}: {_name_list(known)}" if known else f"{storage} holds no documents"
+    more = (
+        f" (every id: python -c \"from llama_index_retrieval_kit.indices import HybridIndex; "
+        f"print(*HybridIndex.load({str(storage)!r}, read_only=True).doc_ids(), sep=chr(10))\")"
+        if len(known) > 20
+        else ""
+    )
+    return (
+        f"{len(unknown)} id(s) not in {storage}, nothing deleted: {', '.join(map(repr, unknown))}. "
+        + "".join(h + " " for h in hints)
+        + "Document ids are the files' paths relative to the folder given to `rkit index` (doc_id in "
+        f"`rkit query --json`); {listing}{more}. Add --missing-ok to delete the known ids and skip the others"
+    )
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    doc_ids = list(dict.fromkeys(args.doc_ids))  # each once, in the order given
+    index, storage = _open_index_to_delete(args)
+    deleted: list[tuple[str, int]] = []
+    with index:
+        known = set(index.doc_ids())
+        unknown = [doc_id for doc_id in doc_ids if doc_id not in known]
+        if unknown and not args.missing_ok:
+            raise CLIError(_unknown_ids_message(unknown, index, storage))  # before anything is deleted
+        try:
+            for doc_id in doc_ids:
+                if doc_id in known:
+                    deleted.append((doc_id, index.delete(doc_id)))  # one commit per document
+        except BaseException:
+            if deleted:
+                sys.stderr.write(f"rkit: deleted before the error: {_name_list([d for d, _ in deleted])}\n")
+            raise
+        remaining = len(index)
+    if unknown:
+        _out(f"not in {storage}, skipped (--missing-ok): {_name_list(unknown)}")
+    if deleted:
+        _out(
+            f"deleted {len(deleted)} document(s) ({sum(n for _, n in deleted)} chunks) from {storage}: "
+            f"{_name_list([d for d, _ in deleted])}; {remaining} chunks remain"
+        )
+    else:
+        _out(f"nothing deleted; {remaining} chunks in {storage}")
+    if deleted:
+        _out(f"to erase their text from the folder's files too (an erasure request): {_purge_command(args, storage)}")
+    return EXIT_OK
+
+
+def _purge_command(args: argparse.Namespace, storage: Path) -> str:
+    """The ``rkit purge`` command line for the index ``rkit delete`` wrote to (as it was named)."""
+    import shlex
+
+    words = ["rkit", "purge"]
+    if getattr(args, "config", None):
+        words += ["--config", str(args.config)]
+    if not getattr(args, "config", None) or args.storage is not None:
+        words += ["--storage", str(storage)]
+    return shlex.join(words)
+
+
+def _bytes(n: int) -> str:
+    """A byte count for people (``1.5 MiB``); negative when the folder grew."""
+    size = float(abs(n))
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            text = f"{int(size)} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+            return f"-{text}" if n < 0 else text
+        size /= 1024
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def cmd_purge(args: argparse.Namespace) -> int:
+    index, storage = _open_index_to_delete(args)
+    with index:
+        stats = index.purge()
+    _out(
+        f"purged {storage}: the Qdrant Edge shard was written afresh with the {stats['points']} committed chunk(s) "
+        f"(deleted and replaced chunks' text is gone from its WAL and segments); {stats['cache_rows_removed']} cached "
+        f"embedding(s) of chunks no longer indexed deleted ({stats['cache_rows']} kept); {_bytes(stats['bytes_freed'])} freed. "
+        "Copies pushed to a Qdrant server keep the old text until you push again"
     )
     return EXIT_OK
 
@@ -502,16 +762,18 @@ def _prepare_fast_queries(index: Any) -> None:
 def _query_embed_model_of(storage: Path) -> Any:
     """The query embedder for the folder's model (:func:`models.query_embed_model`: without
     PyTorch when an earlier query recorded a checked export), or None to let ``HybridIndex.load``
-    choose (a model other than the default, or a folder it will explain is damaged)."""
+    choose (a model other than the default as it comes, which it names, or a folder it will explain
+    is damaged)."""
     from .indices.manifest import IndexManifest
     from .indices.storage import MANIFEST
     from .models import DEFAULT_EMBED_MODEL, query_embed_model
 
     try:
-        built_with = IndexManifest.read(Path(storage) / MANIFEST, storage_dir=storage).embed_model
+        manifest = IndexManifest.read(Path(storage) / MANIFEST, storage_dir=storage)
     except Exception:  # HybridIndex.load reads it again and says what is wrong
         return None
-    return query_embed_model() if built_with == DEFAULT_EMBED_MODEL else None
+    as_it_comes = manifest.embed_model == DEFAULT_EMBED_MODEL and manifest.embed_settings_match({})
+    return query_embed_model() if as_it_comes else None
 
 
 def _open_for_query(storage: Path, mode: str) -> Any:
@@ -676,7 +938,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from .evaluation import load_dataset
     from .postprocessor.no_answer import NoAnswerPostprocessor
 
-    dataset = load_dataset(args.dataset)
+    dataset = load_dataset(args.dataset, split=getattr(args, "split", None))
     reranker = None
     with ExitStack() as stack:
         if config is None:
@@ -727,6 +989,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
         report["reranker"] = component_to_dict(reranker)
     report["dataset"] = str(args.dataset)
+    report["split"] = dataset.split or None
+    report["in_sample"] = True  # the figures are measured on the calibration questions themselves
     gate.fit_report = report
     path = gate.save(out)
     _out(f"no-answer gate calibrated on {args.dataset} (--mode {mode} -k {top_k}"
@@ -743,6 +1007,13 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         {"metric": "unanswerable questions", "value": report.get("unanswerable")},
     ]
     _out(_table(rows))
+    split = f" ({dataset.split} split)" if dataset.split else ""
+    held_out = (
+        "for BEIR calibrate on a train/dev split (--split train) and measure the gate on the test split "
+        "(rkit eval --split test)" if dataset.split else "measure the gate on other questions than it was calibrated on"
+    )
+    _out(f"\nin-sample: these figures are measured on the calibration questions themselves{split}, the ones the "
+         f"threshold was fitted on; expect lower on new questions: {held_out}")
     if config is not None and config.no_answer is not None and config.no_answer.gate_path and Path(config.no_answer.gate_path).resolve() == path.resolve():
         _out(f"\nwrote {path}; {args.config} uses it: `rkit query QUESTION --config {args.config}`")
     elif config is not None:
@@ -968,7 +1239,38 @@ def build_parser() -> argparse.ArgumentParser:
         help="also build the embedded engine's HNSW index (used by qdrant_hybrid and dense_search='qdrant' only; "
         "the default modes search exactly in memory); about 0.6 ms per chunk",
     )
+    idx.add_argument(
+        "--prune",
+        action="store_true",
+        help="when updating: delete the indexed documents whose files were under the folders given and no "
+        "longer exist (default: list them with the rkit delete command that removes them); documents "
+        "indexed from elsewhere, and files that exist but could not be read, are never touched",
+    )
     idx.set_defaults(func=cmd_index)
+
+    dlt = sub.add_parser("delete", help="remove documents (by id) from an index folder")
+    dlt.add_argument(
+        "doc_ids", nargs="+", metavar="DOC_ID",
+        help="document ids, as rkit index gave them: the file's path relative to the folder indexed (doc_id in `rkit query --json`)",
+    )
+    dlt.add_argument("--config", default=None, metavar="FILE", help=CONFIG_HELP + "; deletes from its index.storage_dir")
+    dlt.add_argument("--storage", default=None, help="index folder written by `rkit index`; required without --config")
+    dlt.add_argument(
+        "--missing-ok",
+        action="store_true",
+        help="skip ids that are not in the index (listed) instead of refusing (by default an unknown id is an "
+        "error and nothing is deleted)",
+    )
+    dlt.set_defaults(func=cmd_delete)
+
+    prg = sub.add_parser(
+        "purge",
+        help="erase from an index folder's files what deletes and updates removed (Qdrant Edge's WAL and segments, "
+        "the embedding cache keep it until then); run after rkit delete for an erasure request",
+    )
+    prg.add_argument("--config", default=None, metavar="FILE", help=CONFIG_HELP + "; purges its index.storage_dir")
+    prg.add_argument("--storage", default=None, help="index folder written by `rkit index`; required without --config")
+    prg.set_defaults(func=cmd_purge)
 
     mig = sub.add_parser("migrate", help="convert an index folder of the old format (Qdrant local mode) to Qdrant Edge")
     mig.add_argument("storage", help="the index folder (vectors come from its embedding cache; nothing is lost)")
@@ -1005,7 +1307,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     qry.set_defaults(func=cmd_query)
 
-    cal = sub.add_parser("calibrate", help="fit a no-answer gate on labelled questions (for `rkit query --gate`)")
+    cal = sub.add_parser(
+        "calibrate", help="fit a no-answer gate on labelled questions (for `rkit query --gate`)",
+        description="Fit a no-answer gate on labelled questions (for `rkit query --gate`). The figures it prints are "
+        "measured on the calibration questions themselves (in-sample); for a BEIR folder calibrate on a train/dev "
+        "split (--split train) and measure the gate on the test split (`rkit eval --split test`).",
+    )
     cal.add_argument(
         "--config", default=None, metavar="FILE",
         help=CONFIG_HELP + "; calibrates on its retriever (after its reranker, when it has one)",
@@ -1014,6 +1321,12 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument(
         "--dataset", required=True,
         help="labelled questions: a JSONL question file (no reference_doc_ids = no answer) or a BEIR folder",
+    )
+    cal.add_argument(
+        "--split", default=None, metavar="NAME",
+        help="BEIR split to calibrate on, one of the folder's (default: test). The figures printed are measured "
+        "on these same questions (in-sample): for BEIR calibrate on train or dev and evaluate with "
+        "`rkit eval --split test`; not for a JSONL question file",
     )
     cal.add_argument(
         "--out", default=None,

@@ -34,7 +34,7 @@ from ._enums import ChoiceEnum
 #: The entry point group that names components (``[project.entry-points."<group>"]``).
 ENTRY_POINT_GROUP = "llama_index_retrieval_kit.components"
 #: Fields of LlamaIndex components that are plumbing, not settings: never options.
-INTERNAL_FIELDS = frozenset({"callback_manager", "id_func", "class_name", "is_remote"})
+INTERNAL_FIELDS = frozenset({"callback_manager", "id_func", "class_name", "is_remote", "doc_id_func"})
 
 
 class ComponentKind(ChoiceEnum):

@@ -14,7 +14,7 @@ from llama_index.core.schema import BaseNode, Document
 from ._files import atomic_writer
 from .node_parser import SectionHierarchyNodeParser, SectionWindowNodeParser
 from .readers import DocumentReadError, ReadFailure
-from .readers.base import FileReader, absolute_path, default_doc_id, folder_doc_id
+from .readers.base import FileReader, absolute_path, default_doc_id, folder_doc_id, id_clashes
 from .readers.text import DocumentFolderReader
 
 logger = logging.getLogger(__name__)
@@ -114,7 +114,7 @@ def read_documents(
     reader = reader or DocumentFolderReader()
     folder_reader = reader if isinstance(reader, DocumentFolderReader) else None
     files = files_with_ids(paths, doc_id_func, folder_reader)
-    clashes = _id_clashes(files)
+    clashes = id_clashes(files)
     if clashes:
         raise ValueError(
             "these files would get the same document id, and one would replace the other: "
@@ -136,16 +136,6 @@ def read_documents(
     for failure in failures:
         logger.warning("could not read %s", failure)
     return documents, failures
-
-
-def _id_clashes(files: Sequence[tuple[Path, str]]) -> list[tuple[str, list[Path]]]:
-    """(id, paths) for every id given to more than one distinct file."""
-    by_id: dict[str, list[Path]] = {}
-    for path, doc_id in files:
-        same = by_id.setdefault(doc_id, [])
-        if all(absolute_path(path) != absolute_path(q) for q in same):
-            same.append(path)
-    return [(doc_id, ps) for doc_id, ps in by_id.items() if len(ps) > 1]
 
 
 def ingest(

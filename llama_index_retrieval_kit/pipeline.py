@@ -766,7 +766,30 @@ def index_build_kwargs(config: PipelineConfig, embed_model: Any = None) -> Dict[
 
 
 # ------------------------------------------------------------------------------ query path
-class PipelineRetriever(BaseRetriever):
+class _ForwardsFilters:
+    """``filters`` of a wrapping retriever: its inner retriever's, read and set there (setting is
+    refused when the inner one has no settable filters: a filter silently ignored leaks documents)."""
+
+    _inner: Any
+
+    @property
+    def filters(self) -> Optional[MetadataFilters]:
+        """The metadata filters of the inner retriever (what every query applies)."""
+        return getattr(self._inner, "filters", None)
+
+    @filters.setter
+    def filters(self, filters: Optional[MetadataFilters]) -> None:
+        from .retrievers.filters import has_settable_filters
+
+        if not has_settable_filters(self._inner):
+            raise TypeError(
+                f"{type(self._inner).__name__} has no settable filters: build the retriever again with the filters "
+                "(retriever.filters in the config)"
+            )
+        self._inner.filters = filters
+
+
+class PipelineRetriever(_ForwardsFilters, BaseRetriever):
     """The retriever a :class:`PipelineConfig` describes, over an open HybridIndex.
 
     Results are the index retriever's, unchanged (fused results keep their legs). It holds the
@@ -820,7 +843,7 @@ class PipelineRetriever(BaseRetriever):
         self.close()
 
 
-class PostprocessedRetriever(BaseRetriever):
+class PostprocessedRetriever(_ForwardsFilters, BaseRetriever):
     """A retriever whose results go through node postprocessors (e.g. a reranker), for code that
     takes a retriever: calibrating a gate on reranked results, the evaluation job."""
 
@@ -898,7 +921,11 @@ def load_gate(config: PipelineConfig) -> Any:
 
 def _gate_calibration_warnings(config: PipelineConfig, gate: Any, reranker: Any) -> None:
     fitted = ((gate.fit_report or {}).get("retriever") or {}) if gate is not None else {}
-    if fitted and (fitted.get("mode"), fitted.get("similarity_top_k")) != (config.retriever.mode, config.retriever.similarity_top_k):
+    top_k, fitted_top_k = config.retriever.similarity_top_k, fitted.get("similarity_top_k")
+    # A gate reads only its first feature_top_k results: more than calibrated changes nothing, fewer does.
+    reads = getattr(gate, "feature_top_k", None)
+    top_k_differs = top_k < reads if reads is not None else top_k != fitted_top_k
+    if fitted and (fitted.get("mode") != config.retriever.mode or top_k_differs):
         logger.warning(
             "the no-answer gate %s was calibrated with mode %s, similarity_top_k %s; the config retrieves with mode %s, "
             "similarity_top_k %s: its confidences may be off (calibrate again with `rkit calibrate --config FILE`)",
@@ -913,8 +940,9 @@ def _gate_calibration_warnings(config: PipelineConfig, gate: Any, reranker: Any)
         )
 
 
-#: Modes whose results carry each leg's score and rank (what a gate fitted on "legs" reads).
-_FUSED_IN_PROCESS = ("hybrid", "hybrid_score", "hybrid_rrf")
+#: Modes whose results carry each leg's score and rank (what a gate fitted on "legs" reads):
+#: ``qdrant_hybrid`` too, whose legs run in the engine's batch beside its fusion.
+_FUSED_MODES = ("hybrid", "hybrid_score", "hybrid_rrf", "qdrant_hybrid")
 
 
 def _check_gate_features(config: PipelineConfig, gate: Any) -> None:
@@ -925,7 +953,7 @@ def _check_gate_features(config: PipelineConfig, gate: Any) -> None:
     mode = config.retriever.mode
     if gate.feature_set == "legs" and mode in ("dense", "sparse"):
         why = "was calibrated on fused results (each leg's score and rank)"
-    elif gate.feature_set == "score" and mode in _FUSED_IN_PROCESS:
+    elif gate.feature_set == "score" and mode in _FUSED_MODES:
         why = "was calibrated on a single-leg retriever's scores"
     else:
         return

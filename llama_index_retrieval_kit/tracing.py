@@ -131,6 +131,7 @@ class DropReason(str, Enum):
 
 
 _DUPLICATE_VALUE, _OVER_BUDGET_VALUE = DropReason.DUPLICATE._value_, DropReason.OVER_BUDGET._value_
+_DUPLICATE_OF = "duplicate of "  # how the assembler's report words a duplicate: "duplicate of <node id>"
 
 
 # Per-node entries are TypedDicts (validated and described by pydantic inside StageTrace) rather
@@ -1331,12 +1332,19 @@ def _rerank_columns(in_snap: Snapshot, out_snap: Snapshot, capped: int, scored: 
     inputs, outputs = snapshot_columns(in_snap), snapshot_columns(out_snap)
     kept = set(outputs["node_id"])
     drops = _Drops()
+    seen: set = set()
+    distinct = 0  # the reranker drops a repeated id before capping and scoring: count distinct ids
     for rank, (node_id, score) in enumerate(zip(inputs["node_id"], inputs["score"]), 1):
+        if node_id in seen:
+            drops.add(node_id, DropReason.DUPLICATE, rank, score, f"{_DUPLICATE_OF}{node_id}", duplicate_of=node_id)
+            continue
+        seen.add(node_id)
+        distinct += 1
         if node_id in kept:
             continue
-        if rank > capped:
-            drops.add(node_id, DropReason.OVER_MAX_CANDIDATES, rank, score, f"input rank {rank} > max_candidates {capped}")
-        elif rank > scored:
+        if distinct > capped:
+            drops.add(node_id, DropReason.OVER_MAX_CANDIDATES, rank, score, f"input rank {distinct} > max_candidates {capped}")
+        elif distinct > scored:
             drops.add(node_id, DropReason.NOT_SCORED, rank, score, f"latency budget {budget_ms} ms: scored {scored}")
         else:
             drops.add(node_id, DropReason.NOT_IN_TOP_K, rank, score, f"reranked below top_n {top_n}")
@@ -1356,6 +1364,9 @@ def _rerank_spec(reranker: Any, query: Any, nodes: Sequence[NodeWithScore], resu
     attributes: Dict[str, Any] = {"model": reranker.model, "top_n": reranker.top_n}
     if stats is not None:
         attributes.update(scoring_ms=stats.scoring_ms, scored=stats.scored, per_pair_ms=stats.per_pair_ms)
+        for name in ("truncated", "duplicates_dropped", "fixed_call_ms"):  # fields of newer RerankStats
+            if getattr(stats, name, None) is not None:
+                attributes[name] = getattr(stats, name)
     return _spec(Stage.RERANK, "rerank", type(reranker).__name__, _query_text(query), latency_ms, _rerank_columns,
                  (snapshot(nodes), snapshot(results), capped, scored, reranker.latency_budget_ms, reranker.top_n), attributes, span_id)
 
@@ -1366,8 +1377,6 @@ def trace_rerank(reranker: Any, query: Any, nodes: Sequence[NodeWithScore], resu
     collectors = _receivers()
     _emit_spec(_rerank_spec(reranker, query, nodes, results, latency_ms, active_span_id.get()), len(nodes) - len(results), collectors)
 
-
-_DUPLICATE_OF = "duplicate of "  # how the assembler's report words a duplicate: "duplicate of <node id>"
 
 
 def _assembly_columns(in_snap: Snapshot, out_snap: Snapshot, sources: Tuple[Tuple[str, ...], ...],

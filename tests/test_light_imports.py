@@ -26,7 +26,7 @@ def test_importing_the_package_loads_nothing_heavy() -> None:
     assert _loaded("import llama_index_retrieval_kit") == []
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["index", "--help"], ["query", "--help"], ["calibrate", "--help"], ["inspect", "--help"], ["ingest", "--help"], ["eval", "--help"], ["demo", "--help"]])
+@pytest.mark.parametrize("argv", [["--help"], ["index", "--help"], ["query", "--help"], ["calibrate", "--help"], ["inspect", "--help"], ["ingest", "--help"], ["eval", "--help"], ["demo", "--help"], ["delete", "--help"]])
 def test_rkit_help_loads_nothing_heavy(argv: list[str]) -> None:
     code = f"from llama_index_retrieval_kit.cli import main\ntry:\n    main({argv!r})\nexcept SystemExit:\n    pass"
     assert _loaded(code) == []

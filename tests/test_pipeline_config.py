@@ -516,6 +516,21 @@ def test_an_index_built_otherwise_is_refused(built: PipelineConfig) -> None:
         assert [r.node.metadata["doc_id"] for r in retriever.retrieve(ANSWERABLE)][0] == "credit_card_terms.md"
 
 
+def test_setting_filters_on_a_pipeline_retriever_filters_every_query(built: PipelineConfig) -> None:
+    """``retriever.filters = ...`` on build_retriever's retriever was stored on the wrapper and
+    ignored by the index retriever inside: every document came back (a leak)."""
+    from llama_index.core.vector_stores.types import MetadataFilter, MetadataFilters
+
+    only = MetadataFilters(filters=[MetadataFilter(key="doc_id", value="privacy_policy.txt")])
+    with build_retriever(built) as retriever:
+        assert {r.node.metadata["doc_id"] for r in retriever.retrieve(ANSWERABLE)} != {"privacy_policy.txt"}
+        retriever.filters = only
+        assert retriever.filters is only and retriever.inner.filters is only
+        assert {r.node.metadata["doc_id"] for r in retriever.retrieve(ANSWERABLE)} == {"privacy_policy.txt"}
+        retriever.filters = None
+        assert {r.node.metadata["doc_id"] for r in retriever.retrieve(ANSWERABLE)} != {"privacy_policy.txt"}
+
+
 def test_three_weights_set_the_hybrid_feedback_leg(built: PipelineConfig) -> None:
     def ranked(config: PipelineConfig) -> list:
         with build_retriever(config) as retriever:

@@ -309,6 +309,23 @@ def test_rerank_record_names_why_each_candidate_went() -> None:
     assert [(n["node_id"], n["pre_rerank_rank"]) for n in record.outputs] == [("n1", 2), ("n0", 1)]
 
 
+def test_rerank_record_counts_a_repeated_id_once_and_names_it_a_duplicate() -> None:
+    """The reranker scores a repeated node id once (its first place): the record drops the repeat
+    as a duplicate and compares max_candidates / scored with distinct ids (with [a, a, b, c, d] and
+    max_candidates 3 it called c over max_candidates although c was scored)."""
+    node = {i: NodeWithScore(node=TextNode(id_=i, text=i), score=1.0) for i in "abcd"}
+    nodes = [node["a"], node["a"], node["b"], node["c"], node["d"]]
+    results = [SimpleNamespace(node=node["b"].node, score=0.9, pre_rerank_rank=3)]
+    stats = SimpleNamespace(candidates=4, capped_to=3, scored=3, returned=1, scoring_ms=1.0, per_pair_ms=0.3,
+                            truncated=0, duplicates_dropped=1, fixed_call_ms=0.2)
+    reranker = SimpleNamespace(last_stats=stats, top_n=1, latency_budget_ms=None, model="tiny")
+    record = tracing.rerank_record(reranker, "q", nodes, results, 2.0)
+    dropped = [(d["node_id"], d["reason"], d["rank"]) for d in record.dropped]
+    assert dropped == [("a", DropReason.NOT_IN_TOP_K, 1), ("a", DropReason.DUPLICATE, 2), ("c", DropReason.NOT_IN_TOP_K, 4),
+                       ("d", DropReason.OVER_MAX_CANDIDATES, 5)]
+    assert record.attributes["duplicates_dropped"] == 1 and record.attributes["truncated"] == 0
+
+
 # ----------------------------------------------------------------------------- JSON lines
 def test_json_lines_round_trip(engine: RetrieverQueryEngine, closed_question: str, tmp_path: Path) -> None:
     path = tmp_path / "traces" / "queries.jsonl"

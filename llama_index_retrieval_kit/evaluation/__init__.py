@@ -10,6 +10,7 @@ _EXPORTS = {
     "DatasetFormatError": ".datasets",
     "RetrievalDataset": ".datasets",
     "load_beir": ".datasets",
+    "beir_splits": ".datasets",
     "load_jsonl": ".datasets",
     "DEFAULT_KS": ".metrics",
     "METRIC_NAMES": ".metrics",
@@ -37,6 +38,8 @@ _EXPORTS = {
     "RetrieverEvaluation": ".evaluate",
     "UnmatchedReferencesError": ".evaluate",
     "evaluate_retriever": ".evaluate",
+    "passage_metrics": ".evaluate",
+    "ranked_by_score": ".evaluate",
     "retrieve_all": ".evaluate",
     "score_retrievals": ".evaluate",
     "EvalJobResult": ".job",
@@ -52,6 +55,7 @@ _EXPORTS = {
     "RagasSample": ".ragas_adapter",
     "run_ragas": ".ragas_adapter",
     "run_retriever_for_ragas": ".ragas_adapter",
+    "RagasRetrievalError": ".ragas_adapter",
     "to_ragas_dataset": ".ragas_adapter",
     "to_ragas_samples": ".ragas_adapter",
 }
@@ -71,6 +75,7 @@ __all__ = [
     "DatasetFormatError",
     "load_beir",
     "load_jsonl",
+    "beir_splits",
     "doc_level_run",
     "text_match",
     "coverage_at_k",
@@ -79,6 +84,8 @@ __all__ = [
     "evaluate_retriever",
     "retrieve_all",
     "score_retrievals",
+    "passage_metrics",
+    "ranked_by_score",
     "Retrieval",
     "QueryEvaluation",
     "RetrieverEvaluation",
@@ -106,13 +113,14 @@ __all__ += [
     "to_ragas_samples",
     "to_ragas_dataset",
     "run_retriever_for_ragas",
+    "RagasRetrievalError",
     "run_ragas",
 ]
 
 __getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
 
 if TYPE_CHECKING:  # the real imports, for type checkers and IDEs
-    from .datasets import DatasetFormatError, RetrievalDataset, load_beir, load_jsonl
+    from .datasets import DatasetFormatError, RetrievalDataset, beir_splits, load_beir, load_jsonl
     from .metrics import (
         DEFAULT_KS,
         METRIC_NAMES,
@@ -134,6 +142,8 @@ if TYPE_CHECKING:  # the real imports, for type checkers and IDEs
         RetrieverEvaluation,
         UnmatchedReferencesError,
         evaluate_retriever,
+        passage_metrics,
+        ranked_by_score,
         retrieve_all,
         score_retrievals,
     )
@@ -149,6 +159,7 @@ if TYPE_CHECKING:  # the real imports, for type checkers and IDEs
         RagasSample,
         run_ragas,
         run_retriever_for_ragas,
+        RagasRetrievalError,
         to_ragas_dataset,
         to_ragas_samples,
     )

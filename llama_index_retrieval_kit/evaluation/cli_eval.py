@@ -64,7 +64,15 @@ def add_eval_subparser(subparsers: Any) -> argparse.ArgumentParser:
         help="files/folders to index for a JSONL dataset (default for the bundled questions.jsonl: the bundled samples)",
     )
     parser.add_argument("--ks", type=parse_ks, default=(1, 5, 10, 100), help="cutoffs, comma-separated (default: 1,5,10,100)")
-    parser.add_argument("--limit-queries", type=_positive_int, default=None, metavar="N", help="evaluate the first N queries only")
+    parser.add_argument(
+        "--split", default=None, metavar="NAME",
+        help="BEIR split to evaluate on, one of the folder's (qrels_NAME.tsv), e.g. test, dev, train (default: test); "
+        "not for a JSONL question file. The report records it",
+    )
+    parser.add_argument(
+        "--limit-queries", type=_positive_int, default=None, metavar="N",
+        help="evaluate the first N queries only (the report says N of how many)",
+    )
     parser.add_argument(
         "--relevance", choices=RELEVANCE_MODES, default="auto",
         help="what counts as relevant: auto (text when the dataset has reference passages, else doc), doc, node, text",
@@ -105,27 +113,39 @@ def cmd_eval(args: argparse.Namespace) -> int:
         embedding_cache=args.embedding_cache,
         show_progress=not getattr(args, "quiet", False),
         allow_unmatched_references=getattr(args, "allow_unmatched_references", False),
+        split=getattr(args, "split", None),
     )
     k = main_k(result.ks)
     keys = [f"ndcg@{k}", f"recall@{k}", f"mrr@{k}", f"recall@{max(result.ks)}"]
     if result.relevance == "text":
         keys += [f"coverage@{k}", f"chars@{k}"]
     keys = list(dict.fromkeys(keys))
+    from .report import CAPPED_MARK
+
     first = next(iter(result.evaluations.values()))
+    split = f" ({result.split} split)" if result.split else ""
+    limited = f" of the first {len(result.dataset)} of {result.num_queries_available}" if result.limit_queries is not None else ""
     _out(
-        f"{result.dataset.name}: {first.num_scored} scored queries ({len(first.no_answer_ids)} no-answer), "
+        f"{result.dataset.name}{split}: {first.num_scored} scored queries{limited} ({len(first.no_answer_ids)} no-answer), "
         f"{result.num_documents} documents, relevance={result.relevance}"
     )
     width = max(len("config"), *(len(name) for name in result.evaluations))
-    _out("  ".join(["config".ljust(width), *(key.rjust(11) for key in keys), "p50 ms".rjust(8)]))
+    _out("  ".join(["config".ljust(width), *(key.rjust(12) for key in keys), "p50 ms".rjust(8)]))
     for name, ev in result.evaluations.items():
-        cells = [f"{ev.mean[key]:.0f}" if key.startswith("chars@") else f"{ev.mean[key]:.4f}" for key in keys]
-        _out("  ".join([name.ljust(width), *(cell.rjust(11) for cell in cells), f"{ev.latency['p50_ms']:.1f}".rjust(8)]))
+        cells = [
+            (f"{ev.mean[key]:.0f}" if key.startswith("chars@") else f"{ev.mean[key]:.4f}")
+            + (CAPPED_MARK if ev.is_capped(key) else " ")
+            for key in keys
+        ]
+        _out("  ".join([name.ljust(width), *(cell.rjust(12) for cell in cells), f"{ev.latency['p50_ms']:.1f}".rjust(8)]))
+    if any(ev.is_capped(key) for ev in result.evaluations.values() for key in keys):
+        _out(f"{CAPPED_MARK} the config returned fewer than k {first.item_unit} for most queries: depth, not ranking")
     for row in result.significance:
         if row["metric"] == f"ndcg@{k}":
             _out(
                 f"{row['b']} vs {row['a']}: ndcg@{k} {row['mean_diff']:+.4f}, "
                 f"Wilcoxon p={row['wilcoxon_p']:.4g}, randomization p={row['permutation_p']:.4g}"
+                + (f" ({CAPPED_MARK} depth-capped: {row['depth']})" if row.get("capped") else "")
             )
     _out(f"report: {result.files['summary']} (metrics.json, per_query.csv, runs/, plots) in {result.timings['total_s']:.1f} s")
     return 0

@@ -59,6 +59,8 @@ class RetrievalDataset:
     * ``reference_contexts``: query id -> passages that answer the question (may be empty).
     * ``reference_answers``: query id -> reference answer, or None.
     * ``name``: a label for reports.
+    * ``split``: the BEIR split the queries and judgments come from (``"test"``...); ``""`` for
+      a JSONL question file (no splits).
 
     A query is *answerable* when it has a relevant doc or a reference context; the others are
     no-answer questions (a good system should say it cannot answer them). Keys of ``qrels``,
@@ -72,6 +74,7 @@ class RetrievalDataset:
     reference_contexts: dict[str, list[str]] = field(default_factory=dict)
     reference_answers: dict[str, str | None] = field(default_factory=dict)
     name: str = ""
+    split: str = ""
 
     def __post_init__(self) -> None:
         for label, mapping in (
@@ -314,8 +317,10 @@ def _read_beir_qrels(path: Path) -> dict[str, dict[str, int]]:
     return qrels
 
 
-def _beir_splits(folder: Path) -> list[str]:
-    """Split names that have a qrels file in ``folder``."""
+def beir_splits(folder: str | Path) -> list[str]:
+    """The split names of a BEIR folder: those with a judgments file (``qrels_{split}.tsv`` or
+    ``qrels/{split}.tsv``, plain or .gz), sorted; [] when there is none."""
+    folder = Path(folder)
     names = {p.name.split(".")[0][len("qrels_") :] for p in folder.glob("qrels_*.tsv*")}
     names |= {p.name.split(".")[0] for p in (folder / "qrels").glob("*.tsv*")}
     return sorted(names)
@@ -345,7 +350,7 @@ def load_beir(folder: str | Path, split: str = "test") -> RetrievalDataset:
     if qrels_path is None:
         raise ValueError(
             f"no judgments for split {split!r} in {str(root)!r} (looked for qrels_{split}.tsv and "
-            f"qrels/{split}.tsv); splits found: {_beir_splits(root)}"
+            f"qrels/{split}.tsv); splits found: {beir_splits(root)}"
         )
     queries_path = _first_existing(root, _with_gz([f"queries_{split}.jsonl", "queries.jsonl"]))
     corpus_path = _first_existing(root, _with_gz(["corpus.jsonl"]))
@@ -375,6 +380,7 @@ def load_beir(folder: str | Path, split: str = "test") -> RetrievalDataset:
         reference_contexts={query_id: [] for query_id in queries},
         reference_answers={query_id: None for query_id in queries},
         name=root.name,
+        split=split,
     )
 
 

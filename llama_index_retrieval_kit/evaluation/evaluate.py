@@ -4,6 +4,12 @@
 ranked node ids and scores) + :func:`score_retrievals` (turn them into rankings and metrics).
 Keeping the two apart lets a stored run be re-scored, e.g. under another relevance mode.
 
+Order: the IR metrics score each query's results *ordered by relevance*: when every result
+has a score they are stably sorted by it, highest first (:func:`ranked_by_score`), so a
+presentation order such as a context assembler's ``bookends`` is not scored as a ranking;
+results without scores keep the order returned. ``Retrieval.reordered`` records where that
+changed the order.
+
 Relevance modes (what counts as a relevant retrieved item):
 
 * ``"doc"``: each retrieved chunk stands for its document (``metadata["doc_id"]``, else
@@ -13,20 +19,29 @@ Relevance modes (what counts as a relevant retrieved item):
 * ``"node"``: the ranked node ids are scored against qrels whose keys are node ids. Only
   meaningful for the chunking the labels were made with.
 * ``"text"``: the query's reference passages (``reference_contexts``) are the relevant items.
-  A retrieved chunk finds passage ``j`` when ``text_match(reference_j, chunk_text)``; each
-  passage is found once, by the best-ranked chunk holding it, and a chunk that holds no
-  passage not found before is a non-relevant item (as a repeated document would be). ``k``
-  counts chunks. Recall@k is the share of passages found; nDCG/MAP use the passage count as
-  the number of relevant items. Alongside, ``coverage@k`` (mean over the passages of
-  :func:`~.relevance.coverage_at_k`) and ``chars@k`` (characters in the top-k chunks) are
-  reported: they do not depend on where the chunker cut, so configurations are comparable
-  when their chars@k are similar.
+  A retrieved chunk holds passage ``j`` when ``text_match(reference_j, chunk_text)``; each
+  passage is found once, at rank ``r_j``: the rank of the best-ranked chunk holding it (a chunk
+  may find several passages; a chunk that finds none not found before is a non-relevant
+  item, as a repeated document would be). ``k`` counts chunks. See :func:`passage_metrics`
+  for the formulas: recall@k = passages found in the top k / P; nDCG and MAP credit each
+  passage at ``r_j``; precision@k, MRR and hit rate look at the chunks that find a passage.
+  With at most one passage per chunk they are exactly the trec_eval values of
+  :func:`passage_ranking` against :func:`passage_qrels`. Alongside, ``coverage@k`` (mean over
+  the passages of :func:`~.relevance.coverage_at_k`) and ``chars@k`` (characters in the top-k
+  chunks) are reported: they do not depend on where the chunker cut, so configurations are
+  comparable when their chars@k are similar.
 * ``"auto"``: ``"text"`` when the dataset has reference passages, else ``"doc"``.
 
 Queries: a *no-answer* query (no relevant doc and no reference passage) is kept in
 ``per_query`` (``answerable=False``, no IR metrics) but left out of the means; an answerable
 query without labels of the chosen mode (e.g. only doc ids under ``"text"``) is left out too
 and listed in ``unlabelled``. An empty retrieval is a miss (every metric 0.0).
+
+Depth: a metric@k where a configuration returned fewer than ``k`` items (documents under
+``"doc"``, chunks otherwise) for most scored queries measures how many it returned, not how
+it ranked (:meth:`RetrieverEvaluation.capped_ks`). Abstention: an empty result counts as the
+retriever abstaining (e.g. a no-answer gate); :meth:`RetrieverEvaluation.abstention` scores
+that on the no-answer questions.
 """
 
 from __future__ import annotations
@@ -35,7 +50,7 @@ import logging
 import math
 import time
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -44,7 +59,7 @@ from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
 
 from .datasets import RetrievalDataset
 from .relevance import RELEVANCE_MODES
-from .metrics import DEFAULT_KS, EvalResult, _check_ks, evaluate_run
+from .metrics import DEFAULT_KS, METRIC_NAMES, EvalResult, _check_ks, evaluate_run
 from .relevance import chars_at_k, coverage_at_k, doc_level_run, text_match
 
 logger = logging.getLogger(__name__)
@@ -62,12 +77,14 @@ TEXT_FIGURES: tuple[str, ...] = ("coverage", "chars")
 
 @dataclass(frozen=True)
 class Retrieval:
-    """What a retriever returned for one query, in rank order.
+    """What a retriever returned for one query, in relevance order (see :func:`ranked_by_score`).
 
     ``node_ids``/``scores``/``doc_ids`` have one entry per retrieved chunk (a node returned
     twice is kept once, at its best rank). ``doc_ids`` hold ``metadata["doc_id"]``, else
     ``ref_doc_id``, else None. ``texts`` holds the raw text of the first ``text_depth`` chunks
     only (what text relevance needs). ``latency_s``: wall time of the ``retrieve`` call.
+    ``reordered``: the retriever returned the results in another order than by score (e.g. a
+    context assembler's presentation order); they are held sorted by score.
     """
 
     query_id: str
@@ -76,16 +93,51 @@ class Retrieval:
     doc_ids: tuple[str | None, ...]
     texts: tuple[str, ...]
     latency_s: float
+    reordered: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form (without texts): query id, node ids, scores, doc ids, latency."""
+        """JSON-ready form (without texts): query id, node ids, scores, doc ids, latency, reordered."""
         return {
             "query_id": self.query_id,
             "node_ids": list(self.node_ids),
             "scores": list(self.scores),
             "doc_ids": list(self.doc_ids),
             "latency_ms": round(self.latency_s * 1000.0, 3),
+            "reordered": self.reordered,
         }
+
+
+def score_order(scores: Sequence[float | None]) -> list[int] | None:
+    """Positions of ``scores`` sorted by score, highest first, ties in given order (a stable
+    sort); None when some score is None (the given order is kept then)."""
+    if any(score is None for score in scores):
+        return None
+    return sorted(range(len(scores)), key=lambda position: -float(scores[position]))  # type: ignore[arg-type]
+
+
+def ranked_by_score(retrieval: Retrieval) -> Retrieval:
+    """``retrieval`` with its chunks in relevance order: stably sorted by score, highest first,
+    when every chunk has a score (unchanged otherwise, or when already in that order).
+
+    ``texts`` follow their chunks and are kept for the longest leading run of chunks whose text
+    was kept. A reordered result has ``reordered=True``.
+    """
+    order = score_order(retrieval.scores)
+    if order is None or order == list(range(len(order))):
+        return retrieval
+    texts: list[str] = []
+    for position in order:
+        if position >= len(retrieval.texts):
+            break
+        texts.append(retrieval.texts[position])
+    return replace(
+        retrieval,
+        node_ids=tuple(retrieval.node_ids[p] for p in order),
+        scores=tuple(retrieval.scores[p] for p in order),
+        doc_ids=tuple(retrieval.doc_ids[p] for p in order),
+        texts=tuple(texts),
+        reordered=True,
+    )
 
 
 def node_doc_id(node: Any) -> str | None:
@@ -106,6 +158,10 @@ def _as_retrieval(query_id: str, results: Sequence[NodeWithScore], latency_s: fl
         kept.append(result)
     if len(kept) < len(results):
         logger.debug("query %r: dropped %d repeated node ids", query_id, len(results) - len(kept))
+    order = score_order([r.score for r in kept])
+    reordered = order is not None and order != list(range(len(kept)))
+    if order is not None:
+        kept = [kept[position] for position in order]
     return Retrieval(
         query_id=query_id,
         node_ids=tuple(r.node.node_id for r in kept),
@@ -113,6 +169,7 @@ def _as_retrieval(query_id: str, results: Sequence[NodeWithScore], latency_s: fl
         doc_ids=tuple(node_doc_id(r.node) for r in kept),
         texts=tuple(r.node.get_content(metadata_mode=MetadataMode.NONE) for r in kept[:text_depth]),
         latency_s=latency_s,
+        reordered=reordered,
     )
 
 
@@ -124,7 +181,8 @@ def retrieve_all(
 ) -> dict[str, Retrieval]:
     """Run ``retriever.retrieve`` on every query (in order), timing each call.
 
-    The retriever is used as configured (its own top-k); it is not modified. Raises
+    The retriever is used as configured (its own top-k); it is not modified. Each result is
+    kept in relevance order (see :func:`ranked_by_score`); ``text_depth`` texts are kept. Raises
     RuntimeError naming the query when the retriever fails (ValueError when it refuses the query).
     """
     if not isinstance(retriever, BaseRetriever):
@@ -183,27 +241,96 @@ def doc_ranking(retrieval: Retrieval) -> list[str] | list[tuple[str, float]]:
     return doc_level_run(pairs, chunk_to_doc)
 
 
+def passage_first_ranks(chunk_texts: Sequence[str], references: Sequence[str]) -> list[int | None]:
+    """For each reference passage ``j``: the rank (from 1) of the best-ranked chunk holding it
+    (``text_match``), or None when no chunk does. Several passages may share a rank."""
+    ranks: list[int | None] = []
+    for reference in references:
+        ranks.append(next((rank for rank, text in enumerate(chunk_texts, start=1) if text_match(reference, text)), None))
+    return ranks
+
+
 def passage_ranking(chunk_texts: Sequence[str], references: Sequence[str]) -> list[str]:
     """Chunks in rank order as item ids: ``"ref{j}"`` where a chunk first finds passage j.
 
-    A chunk gets the id of the first reference passage it holds (``text_match``) that no
-    better-ranked chunk found; otherwise it is a non-relevant item ``"chunk{rank}"``.
+    A chunk that is the best-ranked holder of passages ``j < l`` gets ``"ref{j}+ref{l}"``; a chunk
+    that finds no passage a better-ranked chunk did not find is a non-relevant item ``"chunk{rank}"``.
     """
-    found: set[int] = set()
-    ranking: list[str] = []
-    for rank, text in enumerate(chunk_texts, start=1):
-        new = next((j for j, ref in enumerate(references) if j not in found and text_match(ref, text)), None)
-        if new is None:
-            ranking.append(f"chunk{rank}")
-        else:
-            found.add(new)
-            ranking.append(f"ref{new}")
-    return ranking
+    return _passage_items(passage_first_ranks(chunk_texts, references), len(chunk_texts))
+
+
+def _passage_items(first_ranks: Sequence[int | None], num_chunks: int) -> list[str]:
+    found_at: dict[int, list[int]] = {}
+    for j, rank in enumerate(first_ranks):
+        if rank is not None:
+            found_at.setdefault(rank, []).append(j)
+    return [
+        "+".join(f"ref{j}" for j in found_at[rank]) if rank in found_at else f"chunk{rank}"
+        for rank in range(1, num_chunks + 1)
+    ]
 
 
 def passage_qrels(references: Sequence[str]) -> dict[str, int]:
-    """Judgments matching :func:`passage_ranking`: each reference passage is one relevant item."""
+    """Judgments matching :func:`passage_ranking` when no chunk holds two passages: each
+    reference passage is one relevant item (``evaluate_run(run, qrels)`` then equals
+    :func:`passage_metrics`)."""
     return {f"ref{j}": 1 for j in range(len(references))}
+
+
+def _check_first_ranks(first_ranks: Sequence[int | None]) -> list[int | None]:
+    if isinstance(first_ranks, (str, bytes)) or not isinstance(first_ranks, Sequence) or not first_ranks:
+        raise ValueError(f"first_ranks must be a non-empty list (one rank or None per passage), got {first_ranks!r}")
+    for position, rank in enumerate(first_ranks):
+        if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 1):
+            raise ValueError(f"first_ranks[{position}] must be a rank >= 1 or None (not found), got {rank!r}")
+    return list(first_ranks)
+
+
+def passage_metrics(first_ranks: Sequence[int | None], ks: Sequence[int] = DEFAULT_KS) -> dict[str, float]:
+    """Every ``metric@k`` of :data:`~.metrics.METRIC_NAMES` for one query under text relevance.
+
+    ``first_ranks[j]`` is the rank ``r_j`` of the best-ranked chunk holding passage ``j`` (None:
+    not retrieved; see :func:`passage_first_ranks`); ``P = len(first_ranks)``; ``H`` is the set of
+    ranks of chunks that find at least one passage (``{r_j}``). ``k`` counts chunks:
+
+    * ``recall@k`` = |{j : r_j <= k}| / P (a chunk holding several passages finds each of them);
+    * ``precision@k`` = |{h in H : h <= k}| / k (relevant chunks in the top k, trec_eval ``P_k``);
+    * ``mrr@k`` = 1 / min(H) when min(H) <= k, else 0; ``hit_rate@k`` = 1 when min(H) <= k;
+    * ``map@k`` = (1/P) * sum over j with r_j <= k of prec(r_j), prec(r) = |{h in H : h <= r}| / r:
+      each passage credited with the precision of the chunk ranking where it was found
+      (trec_eval ``map_cut_k`` with R = P);
+    * ``ndcg@k`` = min(1, DCG@k / IDCG@k), DCG@k = sum over j with r_j <= k of 1 / log2(r_j + 1)
+      (each passage a hit at r_j, linear binary gains), IDCG@k = sum for i = 1..min(P, k) of
+      1 / log2(i + 1) (one passage per rank, trec_eval ``ndcg_cut_k``); a chunk holding several
+      passages can exceed that ideal, hence the cap.
+
+    When no two passages share a rank these are exactly the trec_eval (ranx) values of
+    :func:`passage_ranking` against :func:`passage_qrels`.
+    """
+    ranks = _check_first_ranks(first_ranks)
+    cutoffs = _check_ks(ks)
+    num_passages = len(ranks)
+    found = sorted(rank for rank in ranks if rank is not None)
+    hit_ranks = sorted(set(found))
+    values: dict[str, float] = {}
+    for name in METRIC_NAMES:
+        for k in cutoffs:
+            in_top = [rank for rank in found if rank <= k]
+            if name == "recall":
+                value = len(in_top) / num_passages
+            elif name == "precision":
+                value = sum(1 for h in hit_ranks if h <= k) / k
+            elif name == "mrr":
+                value = 1.0 / hit_ranks[0] if hit_ranks and hit_ranks[0] <= k else 0.0
+            elif name == "hit_rate":
+                value = 1.0 if in_top else 0.0
+            elif name == "map":
+                value = math.fsum(sum(1 for h in hit_ranks if h <= r) / r for r in in_top) / num_passages
+            else:  # ndcg
+                ideal = math.fsum(1.0 / math.log2(i + 1) for i in range(1, min(num_passages, k) + 1))
+                value = min(1.0, math.fsum(1.0 / math.log2(r + 1) for r in in_top) / ideal)
+            values[f"{name}@{k}"] = value
+    return values
 
 
 def text_figures(chunk_texts: Sequence[str], references: Sequence[str], ks: Sequence[int]) -> dict[str, float]:
@@ -274,19 +401,108 @@ class RetrieverEvaluation:
             raise ValueError(f"unknown metric {key!r}; available: {sorted(self.mean)}")
         return {qid: self.per_query[qid].metrics[key] for qid in self.scored_ids()}
 
-    def summary(self) -> dict[str, Any]:
-        """JSON-ready means, counts and latency (no per-query data)."""
+    # ---------------------------------------------------------------- depth: how much came back
+
+    @property
+    def item_unit(self) -> str:
+        """What ``k`` counts: ``"documents"`` under doc relevance, else ``"chunks"``."""
+        return "documents" if self.relevance == "doc" else "chunks"
+
+    def returned_items(self) -> dict[str, int]:
+        """For every scored query: how many items (see :attr:`item_unit`) its result holds."""
+        if self.relevance == "doc":
+            return {qid: len(self.per_query[qid].ranking) for qid in self.scored_ids()}
+        return {qid: len(self.per_query[qid].retrieval.node_ids) for qid in self.scored_ids()}
+
+    def short_of_k(self) -> dict[int, int]:
+        """For every k: how many scored queries returned fewer than ``k`` items."""
+        counts = list(self.returned_items().values())
+        return {k: sum(1 for count in counts if count < k) for k in self.ks}
+
+    def capped_ks(self) -> list[int]:
+        """The cutoffs where most scored queries (more than half) returned fewer than ``k`` items.
+
+        There every ``metric@k`` mostly measures how many items the retriever returned (its
+        top-k, a gate, a token budget), not how it ranked them: compare such values with care.
+        """
+        short = self.short_of_k()
+        return [k for k in self.ks if 2 * short[k] > self.num_scored]
+
+    def is_capped(self, key: str) -> bool:
+        """Whether ``key`` (``"ndcg@10"``...) is at a cutoff in :meth:`capped_ks`."""
+        _, _, k = key.rpartition("@")
+        return k.isdigit() and int(k) in self.capped_ks()
+
+    def returned(self) -> dict[str, Any]:
+        """JSON-ready depth facts over the scored queries: mean chunks and documents returned per
+        query (distinct doc ids; a chunk without one counts as its own document), the unit k
+        counts, per k how many queries returned fewer than k items, and :meth:`capped_ks`."""
+        scored = [self.per_query[qid].retrieval for qid in self.scored_ids()]
+        chunks = [len(r.node_ids) for r in scored]
+        docs = [
+            len({d for d in r.doc_ids if d is not None}) + sum(1 for d in r.doc_ids if d is None) for r in scored
+        ]
         return {
+            "unit": self.item_unit,
+            "num_queries": len(scored),
+            "mean_chunks": math.fsum(chunks) / len(chunks) if chunks else 0.0,
+            "mean_docs": math.fsum(docs) / len(docs) if docs else 0.0,
+            "short_of_k": {str(k): n for k, n in self.short_of_k().items()},
+            "capped_ks": self.capped_ks(),
+            "reordered_queries": sum(1 for q in self.per_query.values() if q.retrieval.reordered),
+        }
+
+    # ---------------------------------------------------------------- abstention (no-answer)
+
+    def abstention(self) -> dict[str, Any] | None:
+        """How the empty results (abstentions, e.g. a no-answer gate's) match the no-answer
+        questions; None when the dataset has none.
+
+        ``recall`` = no-answer questions with an empty result / no-answer questions;
+        ``precision`` = no-answer questions with an empty result / questions with an empty
+        result (None when no result is empty); ``answerable_kept`` = answerable questions with
+        a non-empty result / answerable questions (None when there are none); with the counts.
+        """
+        if not self.no_answer_ids:
+            return None
+        empty = {qid for qid, q in self.per_query.items() if not q.retrieval.node_ids}
+        answerable = [qid for qid, q in self.per_query.items() if q.answerable]
+        right = sum(1 for qid in self.no_answer_ids if qid in empty)
+        wrong = sum(1 for qid in answerable if qid in empty)
+        return {
+            "num_no_answer": len(self.no_answer_ids),
+            "num_answerable": len(answerable),
+            "abstained": len(empty),
+            "abstained_no_answer": right,
+            "abstained_answerable": wrong,
+            "recall": right / len(self.no_answer_ids),
+            "precision": right / len(empty) if empty else None,
+            "answerable_kept": (len(answerable) - wrong) / len(answerable) if answerable else None,
+        }
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready means, counts, depth (:meth:`returned`), abstention (when the dataset has
+        no-answer questions) and latency (no per-query data)."""
+        summary: dict[str, Any] = {
             "dataset": self.dataset_name,
             "relevance": self.relevance,
             "ks": list(self.ks),
             "num_queries": len(self.per_query),
             "num_scored": self.num_scored,
             "num_no_answer": len(self.no_answer_ids),
-            "num_unlabelled": len(self.unlabelled_ids),
-            "mean": dict(self.mean),
-            "latency": dict(self.latency),
         }
+        abstention = self.abstention()
+        if abstention is not None:
+            summary["abstention"] = abstention
+        summary.update(
+            {
+                "num_unlabelled": len(self.unlabelled_ids),
+                "mean": dict(self.mean),
+                "returned": self.returned(),
+                "latency": dict(self.latency),
+            }
+        )
+        return summary
 
 
 # --------------------------------------------------------------------------------------------
@@ -378,12 +594,10 @@ def _is_labelled(dataset: RetrievalDataset, query_id: str, relevance: str) -> bo
     return any(value > 0 for value in dataset.qrels.get(query_id, {}).values())
 
 
-def _ranking_of(retrieval: Retrieval, relevance: str, references: Sequence[str]) -> list[str]:
+def _ranking_of(retrieval: Retrieval, relevance: str) -> list[str]:
     if relevance == "doc":
         return [item if isinstance(item, str) else item[0] for item in doc_ranking(retrieval)]
-    if relevance == "node":
-        return list(retrieval.node_ids)
-    return passage_ranking(retrieval.texts, references)
+    return list(retrieval.node_ids)
 
 
 def score_retrievals(
@@ -394,11 +608,13 @@ def score_retrievals(
 ) -> RetrieverEvaluation:
     """Score stored retrievals against ``dataset`` (see the module doc for the modes).
 
-    A dataset query missing from ``retrievals`` is scored as an empty retrieval (a miss).
-    Raises ValueError when no query has labels for the chosen mode.
+    Each retrieval is scored in relevance order (:func:`ranked_by_score`). A dataset query
+    missing from ``retrievals`` is scored as an empty retrieval (a miss). Raises ValueError
+    when no query has labels for the chosen mode.
     """
     cutoffs = tuple(_check_ks(ks))
     mode = resolve_relevance(relevance, dataset)
+    retrievals = {qid: ranked_by_score(r) for qid, r in retrievals.items()}
     if mode == "text":
         short = [r.query_id for r in retrievals.values() if len(r.texts) < min(len(r.node_ids), max(cutoffs))]
         if short:
@@ -409,6 +625,7 @@ def score_retrievals(
 
     run: dict[str, list[str]] = {}
     qrels: dict[str, dict[str, int]] = {}
+    text_metrics: dict[str, dict[str, float]] = {}
     rankings: dict[str, tuple[str, ...]] = {}
     extra: dict[str, dict[str, float]] = {}
     no_answer: list[str] = []
@@ -427,11 +644,16 @@ def score_retrievals(
         if not (answerable and labelled):
             rankings[query_id] = ()
             continue
-        ranking = _ranking_of(retrieval, mode, references)
+        if mode == "text":
+            first_ranks = passage_first_ranks(retrieval.texts, references)
+            rankings[query_id] = tuple(_passage_items(first_ranks, len(retrieval.texts)))
+            text_metrics[query_id] = passage_metrics(first_ranks, cutoffs)
+            continue
+        ranking = _ranking_of(retrieval, mode)
         rankings[query_id] = tuple(ranking)
         run[query_id] = ranking
-        qrels[query_id] = passage_qrels(references) if mode == "text" else dict(dataset.qrels[query_id])
-    if not qrels:
+        qrels[query_id] = dict(dataset.qrels[query_id])
+    if not qrels and not text_metrics:
         raise ValueError(
             f"no query of {dataset.name or 'the dataset'!r} has labels for relevance={mode!r} "
             f"({len(no_answer)} no-answer, {len(unlabelled)} without {mode}-level labels); "
@@ -440,7 +662,12 @@ def score_retrievals(
     if unlabelled:
         logger.warning("%d answerable queries have no %s-level labels and are not scored: %s", len(unlabelled), mode, unlabelled[:5])
 
-    result: EvalResult = evaluate_run(run, qrels, ks=cutoffs)
+    if mode == "text":
+        keys = [f"{name}@{k}" for name in METRIC_NAMES for k in cutoffs]
+        text_mean = {key: math.fsum(m[key] for m in text_metrics.values()) / len(text_metrics) for key in keys}
+        result = EvalResult(per_query=text_metrics, mean=text_mean)
+    else:
+        result = evaluate_run(run, qrels, ks=cutoffs)
     per_query: dict[str, QueryEvaluation] = {}
     for query_id in dataset.queries:
         retrieval = retrievals.get(query_id) or Retrieval(query_id, (), (), (), (), 0.0)

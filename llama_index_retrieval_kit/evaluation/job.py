@@ -17,7 +17,10 @@ documents or settings changed, the index is rebuilt but its embedding cache is k
 new texts are embedded. A BEIR document is indexed as ``title + "\\n\\n" + text`` under its
 doc id. Depth: for doc-level relevance each retriever returns enough chunks to be sure to hold
 ``max(ks)`` distinct documents (see :func:`fill_depth`), otherwise ``max(ks)`` chunks; a
-config's ``similarity_top_k`` overrides both.
+config's ``similarity_top_k`` overrides both (it counts chunks; when it returns fewer than ``k``
+items for most queries, the report flags its metrics at that ``k``). Each result is scored in
+relevance order (by score, see :func:`~.evaluate.ranked_by_score`), whatever order a context
+assembler presents it in. ``split`` picks the BEIR split (default ``"test"``).
 
 A ``bm25`` config whose index would hold no dense leg (no dense config with the same chunking
 and BM25 settings) uses the same BM25 retriever directly over the nodes, without embedding.
@@ -40,7 +43,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from llama_index.core.schema import BaseNode, Document, MetadataMode
 
 from .configs import HYBRID_INDEX_MODES, ConfigError, EvalConfig, resolve_config
-from .datasets import RetrievalDataset, load_beir, load_jsonl
+from .datasets import RetrievalDataset, beir_splits, load_beir, load_jsonl
 from .evaluate import (
     RetrieverEvaluation,
     check_reference_doc_ids,
@@ -62,14 +65,35 @@ INPUTS_FILE = "eval_inputs.json"
 # --------------------------------------------------------------------------------------------
 
 
-def load_dataset(path: str | Path, split: str = "test") -> RetrievalDataset:
-    """A BEIR folder (corpus + queries + qrels) or a JSONL question file, by what ``path`` is."""
+#: The BEIR split read when none is given.
+DEFAULT_SPLIT = "test"
+
+
+def load_dataset(path: str | Path, split: str | None = None) -> RetrievalDataset:
+    """A BEIR folder (corpus + queries + qrels) or a JSONL question file, by what ``path`` is.
+
+    ``split``: the BEIR split to read (default :data:`DEFAULT_SPLIT`); it must be one of the
+    folder's splits (:func:`~.datasets.beir_splits`), else a ValueError lists them. A JSONL
+    question file has no splits: giving one is a ValueError.
+    """
     dataset_path = Path(path)
+    if split is not None and (not isinstance(split, str) or not split):
+        raise ValueError(f"split must be a split name such as 'test', 'dev' or 'train', got {split!r}")
     if dataset_path.is_dir():
-        return load_beir(dataset_path, split=split)
+        chosen = DEFAULT_SPLIT if split is None else split
+        available = beir_splits(dataset_path)
+        if available and chosen not in available:
+            raise ValueError(
+                f"split {chosen!r} is not in {str(dataset_path)!r}: its splits are {available} (--split, split=)"
+            )
+        return load_beir(dataset_path, split=chosen)
     if dataset_path.is_file():
         if not dataset_path.name.endswith((".jsonl", ".jsonl.gz")):
             raise ValueError(f"dataset file {str(dataset_path)!r} must be a .jsonl (or .jsonl.gz) question file")
+        if split is not None:
+            raise ValueError(
+                f"{str(dataset_path)!r} is a JSONL question file, which has no splits: drop --split {split} (split=)"
+            )
         return load_jsonl(dataset_path)
     raise ValueError(
         f"dataset {str(dataset_path)!r} does not exist: give a BEIR folder (corpus.jsonl, queries.jsonl, "
@@ -135,6 +159,7 @@ def first_queries(dataset: RetrievalDataset, limit: int | None) -> RetrievalData
         reference_contexts={q: list(dataset.reference_contexts[q]) for q in kept if q in dataset.reference_contexts},
         reference_answers={q: dataset.reference_answers[q] for q in kept if q in dataset.reference_answers},
         name=dataset.name,
+        split=dataset.split,
     )
 
 
@@ -168,9 +193,16 @@ def fill_depth(chunks_per_doc: Iterable[int], num_docs: int) -> int:
 
 
 def retrieval_depth(config: EvalConfig, relevance: str, nodes: Sequence[BaseNode], max_k: int) -> int:
-    """similarity_top_k for ``config``: its own value, else enough for ``max_k`` results."""
+    """similarity_top_k for ``config``: its own value, else enough for ``max_k`` results
+    (:func:`needed_depth`). A config's own value counts chunks, whatever ``k`` counts."""
     if config.similarity_top_k is not None:
         return config.similarity_top_k
+    return needed_depth(relevance, nodes, max_k)
+
+
+def needed_depth(relevance: str, nodes: Sequence[BaseNode], max_k: int) -> int:
+    """Chunks to retrieve to be sure to hold ``max_k`` results: ``max_k`` documents under doc
+    relevance (:func:`fill_depth`), else ``max_k`` chunks (at most all of them)."""
     if relevance == "doc":
         per_doc = Counter(node_doc_id(n) or n.node_id for n in nodes)
         return max(1, fill_depth(per_doc.values(), max_k))
@@ -432,6 +464,12 @@ class EvalJobResult:
     builds: list[BuildInfo]
     significance: list[dict[str, Any]] = field(default_factory=list)
     files: dict[str, Path] = field(default_factory=dict)
+    #: The BEIR split evaluated ("" for a JSONL question file).
+    split: str = ""
+    #: Queries the dataset (split) holds, before ``limit_queries``.
+    num_queries_available: int = 0
+    #: ``limit_queries`` as given (None: all queries).
+    limit_queries: int | None = None
 
     @property
     def relevance(self) -> str:
@@ -496,6 +534,7 @@ def run_eval(
     embedding_cache: str | Path | None = None,
     show_progress: bool = True,
     allow_unmatched_references: bool = False,
+    split: str | None = None,
 ) -> EvalJobResult:
     """Evaluate each configuration on a dataset and write the report folder ``out_dir``.
 
@@ -519,6 +558,9 @@ def run_eval(
             :class:`~.evaluate.UnmatchedReferencesError`: the documents are probably not the
             ones the dataset is about, and every score would be 0). Some unmatched ids only
             log a warning either way.
+        split: The BEIR split to evaluate on (default ``"test"``); must be one of the folder's
+            splits. Not allowed with a JSONL question file. The report records it, and how
+            many of the split's queries ``limit_queries`` kept.
     """
     started = time.perf_counter()
     cutoffs = tuple(_check_ks(ks))
@@ -537,7 +579,8 @@ def run_eval(
     path = Path(dataset_path)
 
     t0 = time.perf_counter()
-    dataset = first_queries(load_dataset(path), limit_queries)
+    full_dataset = load_dataset(path, split=split)
+    dataset = first_queries(full_dataset, limit_queries)
     mode = resolve_relevance(relevance, dataset)
     _check_postprocessors_for_relevance(checked, mode)
     documents, docs_source = dataset_documents(dataset, path, docs, show_progress=show_progress)
@@ -557,6 +600,14 @@ def run_eval(
         for config in checked:
             nodes = nodes_by_chunking[config.chunking_key()]
             depths[config.name] = retrieval_depth(config, mode, nodes, max(cutoffs))
+            needed = needed_depth(mode, nodes, max(cutoffs))
+            if depths[config.name] < needed:
+                logger.warning(
+                    "config %s: similarity_top_k=%d chunks per query, fewer than the %d it takes to be sure of "
+                    "max(ks)=%d %s: metrics at a k above what it returns measure its depth, not its ranking "
+                    "(the report flags them)",
+                    config.name, depths[config.name], needed, max(cutoffs), "documents" if mode == "doc" else "chunks",
+                )
             t0 = time.perf_counter()
             retriever, build = run.retriever(config, nodes, depths[config.name])
             if config.postprocessors:  # a pipeline config's precision stage (gate, reranker, context)
@@ -603,6 +654,9 @@ def run_eval(
         depths=depths,
         timings={"stages": stages, "configs": per_config_timings, "read_s": round(read_s, 3)},
         builds=list(run.builds.values()),
+        split=dataset.split,
+        num_queries_available=len(full_dataset),
+        limit_queries=limit_queries,
     )
     from .report import write_report
 

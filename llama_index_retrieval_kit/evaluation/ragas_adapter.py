@@ -57,10 +57,19 @@ dataset's relevant doc ids (``qrels``), so the ID-based metrics compare like wit
 RAGAS' ID metrics work on *sets* of ids: with ``doc_id`` five chunks of the right document
 count once, so ``id_context_precision`` is document-level precision.
 
+Contexts: each retrieved node's own text (no metadata; ContextAssembler's citation hint
+removed), best score first (``order_by_score=True``, stable; the given order when a score is
+missing), because RAGAS' context precision is rank-aware while a query engine's ``source_nodes``
+may be in presentation order (ContextAssembler's default "bookends", LongContextReorder).
+
 Questions without the field a metric needs (no-answer questions have no reference contexts,
-ids or answer; samples without a generated response) are skipped for that metric, with an INFO
-log line; their score is ``None`` and they do not enter the mean. A question for which nothing
-was retrieved scores 0.0 on the context metrics (RAGAS itself would crash or return NaN).
+ids or answer; samples without a generated response; for the ID metrics, samples with texts but
+no ids) are skipped for that metric, with an INFO log line; their score is ``None``, they are
+listed in ``RagasReport.skipped`` and do not enter the mean. An abstention (the no-answer gate's
+response, LlamaIndex's "Empty Response" without nodes) is no response. A question for which
+nothing was retrieved (no texts, no ids) scores 0.0 on the context metrics (RAGAS itself would
+crash or return NaN). A sample RAGAS fails on (an exception, unparseable judge output: NaN) is
+``None`` too, listed in ``RagasReport.failed``; the other samples keep their scores.
 """
 
 from __future__ import annotations
@@ -72,7 +81,7 @@ import numbers
 import os
 import warnings
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Mapping, Sequence
 
 from .datasets import RetrievalDataset
 
@@ -95,8 +104,11 @@ class RagasMetricSpec:
     * ``ragas_class``: the class name, as exported by ``ragas.metrics`` (a deprecated alias in
       0.4.x) and defined in ``ragas_module``;
     * ``needs``: sample fields that must be non-empty, else the sample is skipped for it;
-    * ``zero_if_nothing_retrieved``: a sample with no retrieved context scores 0.0 without
-      calling RAGAS (context metrics: nothing retrieved = nothing relevant retrieved).
+    * ``zero_if_nothing_retrieved``: a sample with no retrieved context (neither texts nor ids)
+      scores 0.0 without calling RAGAS (context metrics: nothing retrieved = nothing relevant
+      retrieved);
+    * ``retrieved_field``: the retrieved field the metric reads (``retrieved_context_ids`` for the
+      ID metrics); a sample that retrieved something but lacks this field is skipped, not scored 0.
     """
 
     ragas_class: str
@@ -108,6 +120,7 @@ class RagasMetricSpec:
     kwargs: Mapping[str, Any] = field(default_factory=dict)
     #: constructor argument taking the string-similarity metric (non-LLM string metrics only)
     similarity_kwarg: str | None = None
+    retrieved_field: str = "retrieved_contexts"
 
 
 #: Our stable metric names -> RAGAS classes. The one table to update when RAGAS renames things.
@@ -115,11 +128,11 @@ RAGAS_METRICS: Mapping[str, RagasMetricSpec] = {
     # LLM-free
     "id_context_precision": RagasMetricSpec(
         "IDBasedContextPrecision", "ragas.metrics._context_precision", ("reference_context_ids",),
-        zero_if_nothing_retrieved=True,
+        zero_if_nothing_retrieved=True, retrieved_field="retrieved_context_ids",
     ),
     "id_context_recall": RagasMetricSpec(
         "IDBasedContextRecall", "ragas.metrics._context_recall", ("reference_context_ids",),
-        zero_if_nothing_retrieved=True,
+        zero_if_nothing_retrieved=True, retrieved_field="retrieved_context_ids",
     ),
     # RAGAS names the similarity argument differently in the two classes (0.4.3).
     "nonllm_context_precision": RagasMetricSpec(
@@ -174,6 +187,9 @@ _ID_FALLBACKS = {"chunk_id": "node_id", "node_id": "node_id", "id": "node_id", "
 # --------------------------------------------------------------------------------------------
 
 
+_LIST_FIELDS = ("retrieved_contexts", "retrieved_context_ids", "reference_contexts", "reference_context_ids")
+
+
 @dataclass(frozen=True)
 class RagasSample:
     """One question as RAGAS sees it (``SingleTurnSample`` fields), plus our ``query_id``.
@@ -189,6 +205,35 @@ class RagasSample:
     reference_contexts: list[str] = field(default_factory=list)
     reference_context_ids: list[str] = field(default_factory=list)
     response: str | None = None
+
+    def __post_init__(self) -> None:
+        """Refuse what RAGAS would misread: a bare string as a list field (its characters would
+        become contexts), non-string texts."""
+        if not isinstance(self.query_id, str) or not isinstance(self.user_input, str):
+            raise ValueError(
+                f"query_id and user_input must be strings, got {self.query_id!r} / {self.user_input!r}"
+            )
+        for name in _LIST_FIELDS:
+            value = getattr(self, name)
+            if value is None:
+                value = []
+            if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+                raise ValueError(
+                    f"sample {self.query_id!r}: {name} must be a list of strings, got {type(value).__name__} "
+                    f"{value!r:.80}"
+                )
+            is_ids = name.endswith("_ids")
+            items = [str(item) if is_ids and isinstance(item, numbers.Integral) else item for item in value]
+            bad = [item for item in items if not isinstance(item, str)]
+            if bad:
+                raise ValueError(f"sample {self.query_id!r}: {name} must hold strings, got {bad[0]!r:.80}")
+            object.__setattr__(self, name, items)
+        for name in ("reference", "response"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise ValueError(
+                    f"sample {self.query_id!r}: {name} must be a string or None, got {type(value).__name__}"
+                )
 
     def to_ragas_dict(self) -> dict[str, Any]:
         """The ``SingleTurnSample`` fields (no ``query_id``), lists copied."""
@@ -220,9 +265,6 @@ def _sample_from_mapping(row: Mapping[str, Any], position: int, query_id: str | 
     if not isinstance(values.get("user_input"), str):
         raise ValueError(f"sample {position}: user_input must be a string, got {row.get('user_input')!r}")
     values["query_id"] = str(values.get("query_id", query_id if query_id is not None else position))
-    for name in ("retrieved_contexts", "retrieved_context_ids", "reference_contexts", "reference_context_ids"):
-        if name in values:
-            values[name] = [str(item) for item in values[name]]
     return RagasSample(**values)
 
 
@@ -240,11 +282,33 @@ def _node_id(node: Any, key: str) -> str:
     return str(value)
 
 
+#: LlamaIndex's synthesizers answer this when they got no nodes (no LLM call was made).
+_LLAMA_INDEX_EMPTY_RESPONSE = "Empty Response"
+
+
+def _is_response(value: Any) -> bool:
+    return hasattr(value, "source_nodes") and not isinstance(value, (list, tuple, str))
+
+
+def _response_text(value: Any) -> str | None:
+    """The answer text of a query-engine Response, or None when nothing was generated: no text, or
+    an abstention (``metadata["no_answer"]`` set by :class:`NoAnswerPostprocessor`, or LlamaIndex's
+    bare "Empty Response" with no source nodes) - there is no answer to judge."""
+    if getattr(value, "response", "") is None:
+        return None
+    if (getattr(value, "metadata", None) or {}).get("no_answer") is True:
+        return None
+    text = str(value)
+    if text == _LLAMA_INDEX_EMPTY_RESPONSE and not (value.source_nodes or []):
+        return None
+    return text
+
+
 def _nodes_and_response(value: Any, query_id: str) -> tuple[list[Any], str | None]:
     """(retrieved nodes, response text or None) from a retriever's list or a query-engine Response."""
-    if hasattr(value, "source_nodes") and not isinstance(value, (list, tuple)):
-        # Response / StreamingResponse: str() is the answer text; Response.response None = no answer
-        text = None if getattr(value, "response", "") is None else str(value)
+    if _is_response(value):
+        # Response / StreamingResponse: str() is the answer text (it drains a stream)
+        text = _response_text(value)
         return list(value.source_nodes or []), text
     if isinstance(value, (list, tuple)):
         return list(value), None
@@ -261,6 +325,49 @@ def _unwrap_node(item: Any, query_id: str, position: int) -> Any:
     return node
 
 
+def _by_score(items: Sequence[Any]) -> list[Any]:
+    """``items`` best score first (stable: ties keep their order); unchanged when a score is missing.
+
+    RAGAS' context precision is rank-aware (average precision over the contexts' order), and a
+    query engine's ``source_nodes`` may be in presentation order, not rank order (ContextAssembler's
+    default "bookends", LlamaIndex's LongContextReorder).
+    """
+    scores = [getattr(item, "score", None) for item in items]
+    if not items or any(not isinstance(score, numbers.Real) or math.isnan(score) for score in scores):
+        return list(items)
+    return [item for _, item in sorted(zip(scores, items), key=lambda pair: -pair[0])]
+
+
+def _context_text(node: Any) -> str:
+    """The node's own text (no metadata), without the citation hint ContextAssembler puts first.
+
+    An assembled node's text is ``citation + "\n" + span`` with ``metadata["citation"]``
+    (:func:`..postprocessor.context.node_text`); the hint is built from metadata (file, section,
+    pages), so it is not retrieved text and would differ between otherwise equal contexts.
+    """
+    from llama_index.core.schema import MetadataMode
+
+    try:
+        text = node.get_content(metadata_mode=MetadataMode.NONE)
+    except TypeError:  # a node type whose get_content takes no metadata_mode
+        text = node.get_content()
+    citation = (getattr(node, "metadata", None) or {}).get("citation")
+    if isinstance(citation, str) and citation and text.startswith(citation + "\n"):
+        return text[len(citation) + 1:]
+    return text
+
+
+def _check_response(value: Any, query_id: str) -> str | None:
+    """A generated answer from ``responses``: a string or a query-engine Response."""
+    if value is None or isinstance(value, str):
+        return value
+    if _is_response(value):
+        return _response_text(value)
+    raise ValueError(
+        f"responses[{query_id!r}] must be a string (or a query-engine Response), got {type(value).__name__}"
+    )
+
+
 def to_ragas_samples(
     dataset: RetrievalDataset,
     results: Mapping[str, Any],
@@ -268,15 +375,20 @@ def to_ragas_samples(
     context_id_key: str = "chunk_id",
     *,
     reference_context_ids: Mapping[str, Sequence[str]] | None = None,
+    order_by_score: bool = True,
 ) -> list[RagasSample]:
     """One :class:`RagasSample` per query in ``results``, in dataset order.
 
     ``results`` maps query id -> a retriever's ``list[NodeWithScore]`` or a query-engine
     ``Response`` (its ``source_nodes`` are the contexts, ``str(response)`` the response).
-    ``responses`` (query id -> generated answer) overrides / supplies responses. Contexts are
-    the nodes' text; their ids are ``metadata[context_id_key]`` (falling back to the node id for
-    ``"chunk_id"`` and to ``ref_doc_id`` for ``"doc_id"``). Reference ids are the dataset's
-    relevant doc ids (qrels > 0) unless ``reference_context_ids`` gives them per query id.
+    ``responses`` (query id -> generated answer) overrides / supplies responses; an abstention
+    (the no-answer gate's text, LlamaIndex's "Empty Response" without nodes) is no response.
+    Contexts are the nodes' own text (no metadata, no ContextAssembler citation hint), best score
+    first (``order_by_score``, stable; kept as given when a score is missing): RAGAS' context
+    precision is rank-aware and a query engine's ``source_nodes`` may be in presentation order.
+    Their ids are ``metadata[context_id_key]`` (falling back to the node id for ``"chunk_id"``
+    and to ``ref_doc_id`` for ``"doc_id"``). Reference ids are the dataset's relevant doc ids
+    (qrels > 0) unless ``reference_context_ids`` gives them per query id.
     """
     if not isinstance(dataset, RetrievalDataset):
         raise ValueError(f"dataset must be a RetrievalDataset, got {type(dataset).__name__}")
@@ -288,6 +400,8 @@ def to_ragas_samples(
         raise ValueError(
             f"context_id_key must be a metadata key such as 'chunk_id' or 'doc_id', got {context_id_key!r}"
         )
+    if not isinstance(order_by_score, bool):
+        raise ValueError(f"order_by_score must be True or False, got {order_by_score!r}")
     responses = dict(responses or {})
     given = (("results", results), ("responses", responses), ("reference_context_ids", reference_context_ids or {}))
     for label, mapping in given:
@@ -301,15 +415,21 @@ def to_ragas_samples(
         logger.warning(
             "%d of %d dataset questions have no results and are left out: %s", len(missing), len(dataset), missing[:5]
         )
+    for label, mapping in (("responses", responses), ("reference_context_ids", reference_context_ids or {})):
+        unused = [query_id for query_id in mapping if query_id not in results]
+        if unused:
+            logger.warning("%s for %d questions without results are not used: %s", label, len(unused), unused[:5])
 
     samples: list[RagasSample] = []
     for query_id, question in dataset.queries.items():
         if query_id not in results:
             continue
         raw_nodes, response = _nodes_and_response(results[query_id], query_id)
+        if order_by_score:
+            raw_nodes = _by_score(raw_nodes)
         nodes = [_unwrap_node(item, query_id, position) for position, item in enumerate(raw_nodes)]
         if query_id in responses:
-            response = responses[query_id]
+            response = _check_response(responses[query_id], query_id)
         if reference_context_ids is not None and query_id in reference_context_ids:
             ref_ids = [str(doc_id) for doc_id in reference_context_ids[query_id]]
         else:
@@ -318,7 +438,7 @@ def to_ragas_samples(
             RagasSample(
                 query_id=query_id,
                 user_input=question,
-                retrieved_contexts=[node.get_content() for node in nodes],
+                retrieved_contexts=[_context_text(node) for node in nodes],
                 retrieved_context_ids=[_node_id(node, context_id_key) for node in nodes],
                 reference=dataset.reference_answers.get(query_id) or None,
                 reference_contexts=list(dataset.reference_contexts.get(query_id, [])),
@@ -354,6 +474,7 @@ def to_ragas_dataset(
     context_id_key: str = "chunk_id",
     *,
     reference_context_ids: Mapping[str, Sequence[str]] | None = None,
+    order_by_score: bool = True,
 ) -> "EvaluationDataset":
     """A RAGAS ``EvaluationDataset`` from retrieval results; see :func:`to_ragas_samples`.
 
@@ -361,7 +482,10 @@ def to_ragas_dataset(
     reference_contexts, reference_context_ids, response. The query ids are remembered on the
     returned object for :func:`run_ragas` (``query_ids`` attribute).
     """
-    samples = to_ragas_samples(dataset, results, responses, context_id_key, reference_context_ids=reference_context_ids)
+    samples = to_ragas_samples(
+        dataset, results, responses, context_id_key,
+        reference_context_ids=reference_context_ids, order_by_score=order_by_score,
+    )
     return _samples_to_dataset(samples, name=dataset.name)
 
 
@@ -383,11 +507,13 @@ def run_retriever_for_ragas(
     query_ids: Iterable[str] | None = None,
     reference_context_ids: Mapping[str, Sequence[str]] | None = None,
     show_progress: bool = False,
+    order_by_score: bool = True,
 ) -> "EvaluationDataset":
     """Run a LlamaIndex retriever (``.retrieve``) or query engine (``.query``) on every question
     (or on ``query_ids``) and return the RAGAS ``EvaluationDataset`` (see :func:`to_ragas_dataset`).
 
     A query engine also gives each sample its ``response`` (for the LLM-judged answer metrics).
+    ``order_by_score``: see :func:`to_ragas_samples`.
     """
     run = _runner(retriever_or_query_engine)
     ids = list(dataset.queries) if query_ids is None else list(query_ids)
@@ -399,8 +525,16 @@ def run_retriever_for_ragas(
         from tqdm.auto import tqdm
 
         iterable = tqdm(ids, desc="Retrieving")
-    results = {query_id: run(dataset.queries[query_id]) for query_id in iterable}
-    if query_ids is not None:  # the caller chose a subset: no "questions left out" warning
+    results: Dict[str, Any] = {}
+    failures: Dict[str, BaseException] = {}
+    for query_id in iterable:  # one failing query (a server timeout) never loses the others' results
+        try:
+            results[query_id] = run(dataset.queries[query_id])
+        except Exception as exc:
+            failures[query_id] = exc
+    if failures:
+        ids = [query_id for query_id in ids if query_id in results]
+    if query_ids is not None or failures:  # a chosen subset (no "questions left out" warning), or the answered ones
         chosen = set(ids)
         dataset = RetrievalDataset(
             queries={q: text for q, text in dataset.queries.items() if q in chosen},
@@ -410,9 +544,30 @@ def run_retriever_for_ragas(
             reference_answers={q: a for q, a in dataset.reference_answers.items() if q in chosen},
             name=dataset.name,
         )
-    return to_ragas_dataset(
-        dataset, results, context_id_key=context_id_key, reference_context_ids=reference_context_ids
+    built = to_ragas_dataset(
+        dataset, results, context_id_key=context_id_key, reference_context_ids=reference_context_ids,
+        order_by_score=order_by_score,
     )
+    if failures:
+        raise RagasRetrievalError(failures, built)
+    return built
+
+
+class RagasRetrievalError(RuntimeError):
+    """Some questions failed to retrieve in :func:`run_retriever_for_ragas`: ``failures`` maps their
+    query ids to the exceptions, ``dataset`` is the RAGAS dataset of the questions that did run
+    (nothing already retrieved is lost; score it, or fix the cause and run the failed ids again
+    with ``query_ids=``)."""
+
+    def __init__(self, failures: Mapping[str, BaseException], dataset: "EvaluationDataset") -> None:
+        self.failures = dict(failures)
+        self.dataset = dataset
+        shown = "; ".join(f"{query_id}: {type(exc).__name__}: {exc}" for query_id, exc in list(self.failures.items())[:3])
+        super().__init__(
+            f"{len(self.failures)} question(s) failed to retrieve ({shown}{'; ...' if len(self.failures) > 3 else ''}); "
+            "the dataset of the others is in this error's .dataset; run the failed ones again with "
+            f"query_ids={sorted(self.failures)[:5]!r}{'...' if len(self.failures) > 5 else ''}"
+        )
 
 
 def _runner(obj: Any) -> Any:
@@ -536,17 +691,20 @@ def run_ragas(
         spec = RAGAS_METRICS[name]
         eligible, left_out = [], []
         for index, sample in enumerate(samples):
+            nothing_retrieved = not sample.retrieved_contexts and not sample.retrieved_context_ids
             if not all(sample.has(need) for need in spec.needs):
                 left_out.append(sample.query_id)
-            elif spec.zero_if_nothing_retrieved and not sample.retrieved_contexts:
+            elif spec.zero_if_nothing_retrieved and nothing_retrieved:
                 scores[name][index] = 0.0
+            elif spec.zero_if_nothing_retrieved and not sample.has(spec.retrieved_field):
+                left_out.append(sample.query_id)  # e.g. texts without ids: unknown, not 0
             else:
                 eligible.append(index)
         skipped[name] = left_out
         if left_out:
             logger.info(
                 "%s: skipped %d of %d samples without %s (e.g. no-answer questions): %s",
-                name, len(left_out), len(samples), " / ".join(spec.needs), left_out[:10],
+                name, len(left_out), len(samples), " / ".join(_required_fields(spec)), left_out[:10],
             )
         zeros = len(samples) - len(left_out) - len(eligible)
         if zeros:
@@ -599,6 +757,11 @@ def run_ragas(
         ragas_names=ragas_names,
         ragas_results=raw_results,
     )
+
+
+def _required_fields(spec: RagasMetricSpec) -> tuple[str, ...]:
+    """The sample fields a metric needs to be scored (for the skip log line)."""
+    return (*spec.needs, spec.retrieved_field) if spec.zero_if_nothing_retrieved else spec.needs
 
 
 def _check_metrics(metrics: str | Sequence[str]) -> list[str]:

@@ -41,9 +41,12 @@ def doc_level_run(chunk_run: Ranking, chunk_to_doc: Mapping[str, str]) -> list[s
     """A ranked chunk list turned into a ranked document list.
 
     ``chunk_run`` holds chunk ids best first, bare or as ``(chunk_id, score)`` pairs; the result
-    has the same form with doc ids. Each document takes the rank of its first (best-ranked)
-    chunk and, with scores, the maximum score of its chunks (max-score aggregation). Raises
-    ValueError when a chunk id has no entry in ``chunk_to_doc``.
+    has the same form with doc ids. With scores, each document takes the maximum score of its
+    chunks (max-score aggregation, MaxP) and the documents are ordered by it, highest first,
+    ties keeping the order of their first chunks (a stable sort); so a chunk list that is not
+    sorted by score still gives the documents in relevance order. Bare ids: each document
+    takes the rank of its first (best-ranked) chunk. Raises ValueError when a chunk id has no
+    entry in ``chunk_to_doc``.
     """
     chunk_ids, scores = parse_ranking(chunk_run, "chunk_run")
     if not isinstance(chunk_to_doc, Mapping):
@@ -62,7 +65,8 @@ def doc_level_run(chunk_run: Ranking, chunk_to_doc: Mapping[str, str]) -> list[s
             doc_scores[doc_id] = max(doc_scores[doc_id], score)  # type: ignore[type-var]
     if scores is None:
         return list(doc_scores)
-    return [(doc_id, score) for doc_id, score in doc_scores.items()]  # type: ignore[misc]
+    by_score = sorted(doc_scores.items(), key=lambda item: -item[1])  # type: ignore[operator]  # stable: ties keep first occurrence
+    return [(doc_id, score) for doc_id, score in by_score]  # type: ignore[misc]
 
 
 # --------------------------------------------------------------------------------------------

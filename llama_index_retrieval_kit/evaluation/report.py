@@ -9,6 +9,14 @@ differences, statistic = mean difference, ``scipy.stats.permutation_test``; exac
 ``2**n`` is at most the resample count). When every difference is zero both p-values are 1.0.
 p-values are not corrected for multiple comparisons.
 
+Ranking order: every configuration's results are scored ordered by score (stable sort, highest
+first; see :func:`~.evaluate.ranked_by_score`), so a context assembler's presentation order is
+not scored as a ranking. Depth: a ``metric@k`` where a configuration returned fewer than ``k``
+items for most scored queries is marked :data:`CAPPED_MARK` in the tables, named in the
+significance rows (``capped``) and listed in metrics.json (``capped_metrics``): it measures how
+many items came back, not how they were ranked. Abstention (empty results) is reported per
+configuration when the dataset has no-answer questions.
+
 Plots are drawn with matplotlib's Agg canvas (no display, no global backend change) at a fixed
 size (:data:`METRICS_PLOT_SIZE`, :data:`DELTA_PLOT_SIZE`, in pixels).
 """
@@ -41,6 +49,8 @@ METRICS_PLOT_SIZE = (1200, 800)
 #: Pixel size (width, height) of each ``delta_*.png``.
 DELTA_PLOT_SIZE = (1000, 450)
 PERMUTATION_RESAMPLES = 10_000
+#: Marks a metric@k of a config that returned fewer than k items for most scored queries.
+CAPPED_MARK = "†"
 METRIC_LABELS = {
     "ndcg": "nDCG",
     "recall": "Recall",
@@ -138,8 +148,18 @@ def paired_tests(a: Sequence[float], b: Sequence[float], resamples: int = PERMUT
     return result
 
 
+def capped_note(name: str, evaluation: RetrieverEvaluation, key: str) -> str:
+    """Why ``key`` of config ``name`` is depth-capped, e.g. "plain returned < 10 documents for 48/60 queries"."""
+    k = int(key.rpartition("@")[2])
+    return f"{name} returned < {k} {evaluation.item_unit} for {evaluation.short_of_k()[k]}/{evaluation.num_scored} queries"
+
+
 def significance_tests(evaluations: Mapping[str, RetrieverEvaluation], metrics: Sequence[str]) -> list[dict[str, Any]]:
-    """Paired tests for every pair of configs (a before b, in the given order) and metric."""
+    """Paired tests for every pair of configs (a before b, in the given order) and metric.
+
+    ``capped`` lists the configs of the pair whose ``metric@k`` is depth-capped
+    (:meth:`~.evaluate.RetrieverEvaluation.capped_ks`) and ``depth`` says how ("" when none).
+    """
     names = list(evaluations)
     rows: list[dict[str, Any]] = []
     for i, name_a in enumerate(names):
@@ -151,7 +171,9 @@ def significance_tests(evaluations: Mapping[str, RetrieverEvaluation], metrics: 
                 va, vb = ev_a.values(key), ev_b.values(key)
                 common = [qid for qid in va if qid in vb]
                 test = paired_tests([va[q] for q in common], [vb[q] for q in common])
-                rows.append({"a": name_a, "b": name_b, "metric": key, **test})
+                capped = [name for name, ev in ((name_a, ev_a), (name_b, ev_b)) if ev.is_capped(key)]
+                depth = "; ".join(capped_note(name, evaluations[name], key) for name in capped)
+                rows.append({"a": name_a, "b": name_b, "metric": key, **test, "capped": capped, "depth": depth})
     return rows
 
 
@@ -207,7 +229,8 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def comparison_table(evaluations: Mapping[str, RetrieverEvaluation], keys: Sequence[str], bold: Sequence[str]) -> str:
-    """Configs x metric means; the best value of each column in ``bold`` is bold."""
+    """Configs x metric means; the best value of each column in ``bold`` is bold; a depth-capped
+    value (see :meth:`~.evaluate.RetrieverEvaluation.is_capped`) is followed by :data:`CAPPED_MARK`."""
     rows = []
     for name, ev in evaluations.items():
         row = [name]
@@ -216,9 +239,64 @@ def comparison_table(evaluations: Mapping[str, RetrieverEvaluation], keys: Seque
                 row.append("-")
                 continue
             cell = f"{ev.mean[key]:.0f}" if key.startswith("chars@") else _fmt(ev.mean[key])
-            row.append(f"**{cell}**" if key in bold and name in best_configs(evaluations, key) else cell)
+            cell = f"**{cell}**" if key in bold and name in best_configs(evaluations, key) else cell
+            row.append(cell + (f" {CAPPED_MARK}" if ev.is_capped(key) else ""))
         rows.append(row)
     return markdown_table(["config", *keys], rows)
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def returned_table(result: "EvalJobResult") -> str:
+    """Per config: chunks asked for (top_k), mean chunks and documents returned per scored query,
+    queries returned in another order than by score, and per k the queries with fewer than k items."""
+    rows = []
+    for name, ev in result.evaluations.items():
+        returned = ev.returned()
+        short = [
+            f"{n}{f' {CAPPED_MARK}' if k in returned['capped_ks'] else ''}"
+            for k, n in ((int(k), n) for k, n in returned["short_of_k"].items())
+        ]
+        rows.append(
+            [name, str(result.depths[name]), f"{returned['mean_chunks']:.1f}", f"{returned['mean_docs']:.1f}",
+             str(returned["reordered_queries"]), *short]
+        )
+    first = next(iter(result.evaluations.values()))
+    header = ["config", "top_k (chunks)", "chunks/query", "documents/query", "reordered by score"]
+    header += [f"< {k} {first.item_unit}" for k in first.ks]
+    return markdown_table(header, rows)
+
+
+def abstention_table(evaluations: Mapping[str, RetrieverEvaluation]) -> str:
+    """Per config: abstention recall and precision, answerable questions kept, empty results."""
+    rows = []
+    for name, ev in evaluations.items():
+        a = ev.abstention()
+        if a is None:
+            continue
+        rows.append(
+            [name, _ratio(a["recall"]), _ratio(a["precision"]), _ratio(a["answerable_kept"]),
+             f"{a['abstained']} ({a['abstained_no_answer']} no-answer, {a['abstained_answerable']} answerable)"]
+        )
+    return markdown_table(["config", "abstention recall", "abstention precision", "answerable kept", "empty results"], rows)
+
+
+def dataset_line(result: "EvalJobResult") -> str:
+    """The summary's dataset line: path, split, queries kept of the split's, scored/no-answer counts."""
+    first = next(iter(result.evaluations.values()))
+    split = f", split `{result.split}`" if result.split else ""
+    total = result.num_queries_available or len(result.dataset)
+    kept = (
+        f"first {len(result.dataset)} of {total} queries (--limit-queries {result.limit_queries})"
+        if result.limit_queries is not None and len(result.dataset) < total
+        else f"{len(result.dataset)} queries"
+    )
+    return (
+        f"- dataset: `{result.dataset_path}`{split} ({kept}; {first.num_scored} scored, "
+        f"{len(first.no_answer_ids)} no-answer, {len(first.unlabelled_ids)} without {first.relevance}-level labels)"
+    )
 
 
 def summary_markdown(result: "EvalJobResult") -> str:
@@ -233,13 +311,16 @@ def summary_markdown(result: "EvalJobResult") -> str:
         headline += [f"coverage@{k}", f"chars@{k}"]
     bold_keys = [key for key in headline if not key.startswith("chars@")]
 
+    any_capped = any(ev.capped_ks() for ev in evaluations.values())
     parts = [
         f"# Retrieval evaluation: {result.dataset.name or result.dataset_path}",
         "",
-        f"- dataset: `{result.dataset_path}` ({len(result.dataset)} queries; {first.num_scored} scored, "
-        f"{len(first.no_answer_ids)} no-answer, {len(first.unlabelled_ids)} without {first.relevance}-level labels)",
+        dataset_line(result),
         f"- documents: {result.num_documents} ({result.documents_source})",
         f"- relevance: **{first.relevance}** ({_relevance_note(first.relevance)})",
+        "- ranking: each config's results are scored ordered by score (stable sort, highest first) when every "
+        "result has one, else in the order returned; a context assembler's presentation order (e.g. bookends) "
+        "is not scored as a ranking",
         f"- cutoffs k: {', '.join(map(str, ks))}; best value per column in **bold**",
         "",
         f"## Main metrics (k = {k})",
@@ -247,6 +328,12 @@ def summary_markdown(result: "EvalJobResult") -> str:
         comparison_table(evaluations, headline, bold_keys),
         "",
     ]
+    if any_capped:
+        parts += [
+            f"{CAPPED_MARK} depth-capped: the config returned fewer than k {first.item_unit} for most scored queries "
+            "(see *Returned per query*); the value measures how many came back, not how they were ranked.",
+            "",
+        ]
     if text:
         parts += [
             "chars@k = characters in the top-k chunks: compare configurations at similar chars@k "
@@ -258,6 +345,28 @@ def summary_markdown(result: "EvalJobResult") -> str:
         keys = [f"{name}@{kk}" for kk in ks]
         parts += [f"### {METRIC_LABELS[name]}@k", "", comparison_table(evaluations, keys, [] if name == "chars" else keys), ""]
 
+    parts += [
+        "## Returned per query",
+        "",
+        returned_table(result),
+        "",
+        f"Means over the scored queries; k counts {first.item_unit}. top_k = chunks asked for per query (a "
+        "config's own similarity_top_k counts chunks); a gate, reranker or context budget can return fewer. "
+        f"{CAPPED_MARK}: more than half of the scored queries returned fewer than k {first.item_unit}.",
+        "",
+    ]
+    if first.no_answer_ids:
+        parts += [
+            "## No-answer questions",
+            "",
+            abstention_table(evaluations),
+            "",
+            f"{len(first.no_answer_ids)} no-answer questions. An empty result counts as abstaining (e.g. a no-answer "
+            "gate). Abstention recall = no-answer questions with an empty result / no-answer questions; abstention "
+            "precision = no-answer questions with an empty result / empty results; answerable kept = answerable "
+            "questions with a non-empty result / answerable questions.",
+            "",
+        ]
     parts += ["## Significance (paired, two-sided)", ""]
     if result.significance:
         rows = [
@@ -270,11 +379,16 @@ def summary_markdown(result: "EvalJobResult") -> str:
                 _fmt_p(row["permutation_p"]),
                 str(row["n"]),
                 row["note"],
+                f"{CAPPED_MARK} {row['depth']}" if row.get("capped") else "",
             ]
             for row in result.significance
         ]
         parts += [
-            markdown_table(["pair (b vs a)", "metric", "mean b - a", "wins/ties/losses", "Wilcoxon p", "randomization p", "n", "note"], rows),
+            markdown_table(
+                ["pair (b vs a)", "metric", "mean b - a", "wins/ties/losses", "Wilcoxon p", "randomization p", "n", "note",
+                 "depth-capped"],
+                rows,
+            ),
             "",
             f"Wilcoxon signed-rank test (zero differences dropped) and paired randomization test "
             f"({PERMUTATION_RESAMPLES} sign flips, seed 0) on per-query values; not corrected for multiple comparisons.",
@@ -326,9 +440,11 @@ def summary_markdown(result: "EvalJobResult") -> str:
 
 def _relevance_note(mode: str) -> str:
     return {
-        "doc": "chunks mapped to their documents, max-score aggregation; k counts documents",
+        "doc": "chunks mapped to their documents, each document taking its best chunk's score (max-score "
+        "aggregation) and ranked by it; k counts documents",
         "node": "node ids against node-level labels; k counts chunks",
-        "text": "a chunk is relevant when it holds a reference passage; k counts chunks",
+        "text": "a chunk is relevant when it holds a reference passage not found higher up, and finds every such "
+        "passage it holds; k counts chunks",
     }[mode]
 
 
@@ -432,6 +548,10 @@ def metrics_document(result: "EvalJobResult") -> dict[str, Any]:
                 "latency": ev.latency,
                 "timings": result.timings["configs"][config.name],
                 "num_scored": ev.num_scored,
+                "num_no_answer": len(ev.no_answer_ids),
+                **({"abstention": ev.abstention()} if ev.no_answer_ids else {}),
+                "returned": ev.returned(),
+                "capped_metrics": [key for key in metric_keys(ev) if ev.is_capped(key)],
             }
         )
     return {
@@ -443,7 +563,10 @@ def metrics_document(result: "EvalJobResult") -> dict[str, Any]:
         "dataset": {
             "path": result.dataset_path,
             "name": result.dataset.name,
+            "split": result.split or None,
             "num_queries": len(result.dataset),
+            "num_queries_available": result.num_queries_available or len(result.dataset),
+            "limit_queries": result.limit_queries,
             "num_scored": first.num_scored,
             "no_answer_ids": list(first.no_answer_ids),
             "unlabelled_ids": list(first.unlabelled_ids),

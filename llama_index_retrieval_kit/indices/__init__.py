@@ -15,7 +15,9 @@ _EXPORTS = {
     "DocumentIdConflictError": ".hybrid_index",
     "HybridIndex": ".hybrid_index",
     "IndexBusyError": ".hybrid_index",
+    "EmbedSettingsMismatchError": ".hybrid_index",
     "IndexBeingPublishedError": ".hybrid_index",
+    "StaleServerCopyError": ".hybrid_index",
     "InterruptedCacheWriteError": ".embedding_cache",
     "ForeignCollectionError": ".store",
     "IndexManifest": ".manifest",
@@ -33,7 +35,9 @@ __all__ = [
     "ChunkIdConflictError",
     "DocumentIdConflictError",
     "IndexBusyError",
+    "EmbedSettingsMismatchError",
     "IndexBeingPublishedError",
+    "StaleServerCopyError",
     "InterruptedCacheWriteError",
     "ForeignCollectionError",
     "IndexManifest",
@@ -58,6 +62,8 @@ if TYPE_CHECKING:  # the real imports, for type checkers and IDEs
         HybridIndex,
         IndexBeingPublishedError,
         IndexBusyError,
+        EmbedSettingsMismatchError,
+        StaleServerCopyError,
     )
     from .manifest import IndexManifest
     from .storage import DamagedIndexError, IndexReadOnlyError, IndexWriteLockedError

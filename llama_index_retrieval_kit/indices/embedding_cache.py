@@ -72,17 +72,29 @@ def is_interrupted_write(exc: BaseException) -> bool:
     return isinstance(exc, sqlite3.Error) and getattr(exc, "sqlite_errorcode", None) == SQLITE_READONLY_ROLLBACK
 
 
+#: The columns of an embedding cache's ``vectors`` table, in order.
+CACHE_COLUMNS = ["model", "key", "dim", "vector"]
+
+
 class EmbeddingCache:
     """Vectors on disk, keyed by (model key, text hash)."""
 
-    def __init__(self, path: str | Path, read_only: bool = False) -> None:
+    def __init__(self, path: str | Path, read_only: bool = False, seed_from: Optional[str | Path] = None) -> None:
         """Open (or create) the cache at ``path``; ``read_only=True`` opens an existing file without
         ever writing it (SQLite ``mode=ro``: another process may write it meanwhile; reads see its
         committed transactions), and a missing file as an empty cache. A read-only cache whose
         writer was killed inside a transaction (a hot journal beside it, which only a writable
-        connection may roll back) raises :class:`InterruptedCacheWriteError`, here or on a later read."""
+        connection may roll back) raises :class:`InterruptedCacheWriteError`, here or on a later read.
+
+        ``seed_from``: another cache file (a rebuild's replaced index's), opened read-only and never
+        changed, whose vectors :meth:`get_many` copies in when this cache lacks them: only the rows
+        asked for, so the replaced index's other rows (e.g. of deleted documents) are not carried
+        over. One that is not an embedding cache is a ValueError naming it."""
+        if seed_from is not None and read_only:
+            raise ValueError(f"seed_from={str(seed_from)!r} needs a writable cache: pass read_only=False")
         self.path = Path(path)
         self.read_only = read_only
+        self._seed: Optional[EmbeddingCache] = None
         if read_only:
             if self.path.exists():
                 self._conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False)
@@ -97,8 +109,14 @@ class EmbeddingCache:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._conn = sqlite3.connect(str(self.path), check_same_thread=False)
-        self._create_table()
-        self._migrate_packaged_paths()
+        try:
+            self._create_table()
+            self._migrate_packaged_paths()
+            if seed_from is not None:
+                self._seed = _open_seed(Path(seed_from))
+        except BaseException:
+            self._conn.close()
+            raise
 
     def _create_table(self) -> None:
         self._conn.execute(
@@ -118,7 +136,29 @@ class EmbeddingCache:
             logger.info("%s: re-keyed %d cached vectors of the packaged MiniLM by its model name", self.path, moved)
 
     def get_many(self, model: str, keys: Sequence[str]) -> dict[str, np.ndarray]:
-        """Cached vectors for the keys that have one."""
+        """Cached vectors for the keys that have one (those only the ``seed_from`` cache holds are
+        copied in first)."""
+        found = self._get_own(model, keys)
+        if self._seed is not None and len(found) < len(set(keys)):
+            seeded = self._seeded(model, [k for k in dict.fromkeys(keys) if k not in found])
+            if seeded:
+                self.put_many(model, seeded.items())
+                found.update(seeded)
+        return found
+
+    def _seeded(self, model: str, keys: Sequence[str]) -> dict[str, np.ndarray]:
+        """The ``seed_from`` cache's vectors of ``keys``; a seed that fails to read is dropped
+        with a warning (it only saves embedding work)."""
+        assert self._seed is not None
+        try:
+            return self._seed.get_many(model, keys)
+        except (sqlite3.Error, InterruptedCacheWriteError) as exc:
+            logger.warning("%s: not reusing its vectors any more (%s: %s)", self._seed.path, type(exc).__name__, exc)
+            self._seed.close()
+            self._seed = None
+            return {}
+
+    def _get_own(self, model: str, keys: Sequence[str]) -> dict[str, np.ndarray]:
         found: dict[str, np.ndarray] = {}
         for i in range(0, len(keys), 500):
             chunk = list(keys[i : i + 500])
@@ -129,15 +169,59 @@ class EmbeddingCache:
                 found[key] = np.frombuffer(blob, dtype=np.float32)
         return found
 
+    def missing(self, model: str, keys: Sequence[str]) -> list[str]:
+        """The distinct ``keys`` this cache holds no vector of (in first-seen order; vectors are not read)."""
+        distinct = list(dict.fromkeys(keys))
+        present: set[str] = set()
+        for i in range(0, len(distinct), 500):
+            chunk = distinct[i : i + 500]
+            rows = self._read(f"SELECT key FROM vectors WHERE model = ? AND key IN ({','.join('?' * len(chunk))})", [model, *chunk])
+            present.update(key for (key,) in rows)
+        return [k for k in distinct if k not in present]
+
     def put_many(self, model: str, items: Iterable[tuple[str, np.ndarray]]) -> None:
-        if self.read_only:
-            raise RuntimeError(f"the embedding cache {self.path} is open read-only")
+        self._check_writable()
         rows = [(model, key, int(vec.shape[0]), np.asarray(vec, dtype=np.float32).tobytes()) for key, vec in items]
         with self._conn:
             self._conn.executemany("INSERT OR REPLACE INTO vectors VALUES (?, ?, ?, ?)", rows)
 
     def __len__(self) -> int:
         return int(self._read("SELECT COUNT(*) FROM vectors")[0][0])
+
+    def retain(self, model: str, keys: Iterable[str]) -> int:
+        """Delete every row but ``model``'s vectors of ``keys`` (other models' rows too); returns
+        how many were deleted. One transaction, with SQLite's ``secure_delete`` on, so the deleted
+        rows' bytes (text hash, vector) are overwritten with zeros in the file; :meth:`vacuum`
+        then gives the freed pages back (``HybridIndex.purge``)."""
+        self._check_writable()
+        keep = sorted(set(keys))
+        self._conn.execute("PRAGMA secure_delete = ON")
+        self._conn.execute("PRAGMA temp_store = MEMORY")  # the kept keys never reach a temporary file
+        try:
+            with self._conn:
+                self._conn.execute("CREATE TEMP TABLE retained (key TEXT PRIMARY KEY)")
+                self._conn.executemany("INSERT OR IGNORE INTO temp.retained VALUES (?)", ((k,) for k in keep))
+                deleted = self._conn.execute(
+                    "DELETE FROM vectors WHERE model != ? OR key NOT IN (SELECT key FROM temp.retained)", (model,)
+                ).rowcount
+        finally:
+            self._conn.execute("DROP TABLE IF EXISTS temp.retained")
+        return int(deleted)
+
+    def vacuum(self) -> None:
+        """Rewrite the file with only its live rows (SQLite ``VACUUM``): the pages that held deleted
+        rows are gone from it, and the file shrinks to what the rows need."""
+        self._check_writable()
+        self._conn.commit()
+        self._conn.execute("VACUUM")
+
+    def check_schema(self) -> None:
+        """A ValueError naming the file unless it holds a cache's ``vectors`` table."""
+        check_cache_schema(self._conn, self.path)
+
+    def _check_writable(self) -> None:
+        if self.read_only:
+            raise RuntimeError(f"the embedding cache {self.path} is open read-only")
 
     def _read(self, sql: str, params: Sequence[object] = ()) -> list:
         """The rows of a query; a hot journal a read-only connection cannot roll back is an
@@ -150,7 +234,37 @@ class EmbeddingCache:
             raise
 
     def close(self) -> None:
+        if self._seed is not None:
+            self._seed.close()
+            self._seed = None
         self._conn.close()
+
+
+def check_cache_schema(conn: sqlite3.Connection, path: Path) -> None:
+    """A ValueError naming ``path`` unless the database open in ``conn`` has the ``vectors`` table
+    of a cache (:data:`CACHE_COLUMNS`)."""
+    columns = [row[1] for row in conn.execute("PRAGMA table_info(vectors)").fetchall()]
+    if columns != CACHE_COLUMNS:
+        raise ValueError(f"{path} is not an embedding cache (it has no vectors(model, key, dim, vector) table)")
+
+
+def _open_seed(path: Path) -> EmbeddingCache:
+    """``path`` opened read-only as the seed of another cache; a ValueError naming it when it is
+    missing or not a readable embedding cache."""
+    if not path.is_file():
+        raise ValueError(f"{path} is not a file")
+    try:
+        seed = EmbeddingCache(path, read_only=True)
+    except (sqlite3.Error, InterruptedCacheWriteError) as exc:
+        raise ValueError(f"{path} is not a readable embedding cache ({type(exc).__name__}: {exc})") from None
+    try:
+        seed.check_schema()
+    except (sqlite3.Error, ValueError) as exc:
+        seed.close()
+        if isinstance(exc, ValueError):
+            raise
+        raise ValueError(f"{path} is not a readable embedding cache ({type(exc).__name__}: {exc})") from None
+    return seed
 
 
 def embed_texts(

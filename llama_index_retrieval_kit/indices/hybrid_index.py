@@ -17,6 +17,10 @@ cache), so the previous index is what you read. A write that fails with an excep
 same roll-back at once in the live object; if that fails too, the journal keeps every touched
 id (it only grows until a commit) and the next open repairs the folder.
 
+A delete or upsert takes removed chunks out of every query path; their text leaves the folder's
+files (Qdrant Edge's WAL and segments, the embedding cache) with :meth:`HybridIndex.purge`, which
+rewrites the shard from the committed chunks through the same journal.
+
 Folder safety (:mod:`.storage`): every value of ``index.json`` is validated before use; each
 commit records the sha256 of the generation's BM25 and docstore files and the number of chunks,
 checked on open (a damaged folder is a :class:`~.storage.DamagedIndexError` naming the file and
@@ -75,15 +79,16 @@ from ..retrievers.fused_index import FusedIndexRetriever
 from ..retrievers.fusion import DEFAULT_FEEDBACK_DEPTH, DEFAULT_RRF_K, IndexFusion
 from ..retrievers.hybrid import HybridRetriever
 from ..retrievers.node_copy import copy_node
+from ..node_parser.metadata import record_document_ids
 from ..retrievers.node_identity import ChunkIdConflictError, check_chunk_ids  # noqa: F401 (public here: indices.ChunkIdConflictError)
 from ..retrievers.qdrant_hybrid import QdrantDenseRetriever, QdrantHybridRetriever, token_id
 from . import storage as _storage
 from . import store as _store
 from .docstore import IndexDocumentStore
-from .embedding_cache import EmbeddingCache, embed_texts, model_key, text_key
+from .embedding_cache import EmbeddingCache, check_cache_schema, embed_texts, model_key, text_key
 from .journal import WriteJournal, read_generation, split_touched
-from .manifest import COLLECTION, FORMAT_VERSION, READABLE_FORMATS, BM25Settings, IndexManifest, PendingWrite
-from .manifest import new_index_id
+from .manifest import COLLECTION, FORMAT_VERSION, READABLE_FORMATS, BM25Settings, FolderState, IndexManifest, PendingWrite
+from .manifest import embed_settings_of, new_index_id
 from .manifest import new_build_id
 from .rwlock import ReadWriteLock
 
@@ -125,9 +130,7 @@ def _seed_embedding_cache(dest: Path, source: Path) -> None:
     created = not dest.exists()
     try:
         with contextlib.closing(sqlite3.connect(uri, uri=True)) as src:
-            columns = [row[1] for row in src.execute("PRAGMA table_info(vectors)").fetchall()]
-            if columns != ["model", "key", "dim", "vector"]:
-                raise ValueError(f"{source} is not an embedding cache (it has no vectors(model, key, dim, vector) table)")
+            check_cache_schema(src, source)
             if created:
                 with contextlib.closing(sqlite3.connect(str(dest))) as dst:
                     src.backup(dst)
@@ -147,12 +150,14 @@ def _seed_embedding_cache(dest: Path, source: Path) -> None:
         raise ValueError(f"{source} is not a readable embedding cache ({type(exc).__name__}: {exc})") from None
 
 
-def _prepare_build_folder(build: Path, storage: Path, embedding_cache: Optional[Path] = None) -> None:
+def _prepare_build_folder(build: Path, storage: Path, embedding_cache: Optional[Path] = None) -> Optional[Path]:
     """Empty the build folder of an earlier, interrupted build, keeping its embedding cache, and
-    add to that cache the vectors of ``embedding_cache`` (a file the caller named) and, when the
-    build kept none, of the cache in ``storage`` when it is the index's own (the index being
-    replaced, untouched until the new one is complete) or one an interrupted publish left there.
-    A cache file in a folder holding no index is the user's: never read, moved or changed."""
+    add to that cache the vectors of ``embedding_cache`` (a file the caller named). Returns the
+    cache in ``storage`` when it is the index's own (the index being replaced, untouched until the
+    new one is complete) or one an interrupted publish left there: the build draws from it only
+    the vectors of its own chunks (:func:`_open_build_cache`), so a rebuild carries no row of a
+    chunk it no longer has (a deleted document's text hash and vector) into the new folder. A cache
+    file in a folder holding no index is the user's: never read, moved or changed (None)."""
     kept = _storage.clear_build_folder(build, keep_prefix="embeddings.sqlite")
     dest = build / "embeddings.sqlite"
     if kept:
@@ -161,12 +166,19 @@ def _prepare_build_folder(build: Path, storage: Path, embedding_cache: Optional[
         _seed_embedding_cache(dest, embedding_cache)
     source = storage / "embeddings.sqlite"
     ours = (storage / _storage.MANIFEST).exists() or source.name in _storage.publish_leftovers(storage)
-    if kept or not ours or not source.is_file():
-        return
-    try:
-        _seed_embedding_cache(dest, source)
-    except ValueError as exc:
-        logger.warning("%s: not reusing the embedding cache of the replaced index (%s)", source, exc)
+    return source if ours and source.is_file() else None
+
+
+def _open_build_cache(build: Path, replaced: Optional[Path]) -> EmbeddingCache:
+    """The build's embedding cache, drawing the vectors it lacks from the replaced index's cache
+    ``replaced`` (``EmbeddingCache(seed_from=)``) when that one is readable (else with a warning)."""
+    dest = build / "embeddings.sqlite"
+    if replaced is not None:
+        try:
+            return EmbeddingCache(dest, seed_from=replaced)
+        except ValueError as exc:
+            logger.warning("%s: not reusing the embedding cache of the replaced index (%s)", replaced, exc)
+    return EmbeddingCache(dest)
 
 
 def _exclusive_write(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -290,6 +302,34 @@ def _being_published(storage: Path) -> bool:
     return not (storage / _storage.MANIFEST).exists() and (storage / _storage.PUBLISH_MARKER).exists()
 
 
+def push_again_advice(storage_dir: Path, url: str) -> str:
+    """What makes a server copy of an embedded folder current again: pushing the folder again."""
+    return (
+        f"Push the folder again: index.push_to({url!r}) in the process that writes {storage_dir} (or "
+        f"`rkit index <documents> --storage {storage_dir} --push {url}`), then open it with qdrant_url= again"
+    )
+
+
+class StaleServerCopyError(ValueError):
+    """The server collection an embedded folder is served from (``HybridIndex.load(dir,
+    qdrant_url=url)``) is not a copy of the state the folder has committed: pushed before a later
+    upsert or delete (so it still holds deleted or replaced text), changed on the server since, or
+    pushed without a record of the state it copied (by an earlier version, or to a Qdrant server
+    before 1.16, which drops collection metadata). The folder itself is fine: pushing it again
+    (:meth:`HybridIndex.push_to`) is the fix. ``location`` names the collection, ``problem`` what
+    differs."""
+
+    def __init__(self, storage_dir: Path, location: str, url: str, problem: str) -> None:
+        self.storage_dir = Path(storage_dir)
+        self.location = location
+        self.url = url
+        self.problem = problem
+        super().__init__(
+            f"{location} {problem}, so serving {storage_dir} from it could return documents deleted or changed "
+            f"since. {push_again_advice(self.storage_dir, url)}"
+        )
+
+
 class DocumentIdConflictError(ValueError):
     """An upsert would replace an indexed document with one read from a different file."""
 
@@ -303,6 +343,48 @@ class DocumentIdConflictError(ValueError):
             "(index their common parent folder, or pass doc_id_func=...), or pass allow_source_change=True "
             "(rkit index --allow-source-change) if the file really moved"
         )
+
+
+def _describe_settings(settings: Dict[str, Any]) -> str:
+    """``{'max_length': 64}`` for error messages; ``{}`` said as what it means."""
+    return f"{settings!r}" if settings else "{} (the model used as it comes)"
+
+
+def _configured_like(manifest: IndexManifest) -> str:
+    """Python that makes a model with the index's recorded name and document-vector settings (for error messages)."""
+    args = ", ".join(f"{k}={v!r}" for k, v in sorted((manifest.embed_settings or {}).items()))
+    if manifest.embed_model == DEFAULT_EMBED_MODEL:
+        return f"llama_index_retrieval_kit.models.default_embed_model({args})"
+    name_arg = f"model_name={manifest.embed_model!r}"
+    return f"{manifest.embed_model_class or 'HuggingFaceEmbedding'}({name_arg}{', ' + args if args else ''})"
+
+
+class EmbedSettingsMismatchError(ValueError):
+    """The embedding model has the index's model name but other settings that change document
+    vectors (``max_length``, ``normalize``, ...; :func:`.manifest.embed_settings_of`) than the
+    ones ``index.json`` records: its vectors are not comparable with the indexed ones."""
+
+    def __init__(self, storage_dir: Path, manifest: IndexManifest, given: Dict[str, Any], source: str = "the given embed_model") -> None:
+        """``source``: where the given model came from, as the message names it."""
+        self.storage_dir = Path(storage_dir)
+        self.recorded = dict(manifest.embed_settings or {})
+        self.given = dict(given)
+        built_with = _describe_model(manifest.embed_model_class, manifest.embed_model)
+        super().__init__(
+            f"{storage_dir} was built with embedding model {built_with} with the document-vector settings "
+            f"{_describe_settings(self.recorded)}, but {source} has {_describe_settings(self.given)}: their vectors are not "
+            "comparable (queries would be embedded otherwise, and an upsert would mix both kinds of vectors in one index). "
+            f"Pass embed_model= that model configured with {_describe_settings(self.recorded)}, e.g. "
+            f"embed_model={_configured_like(manifest)}, or rebuild the index with this model: "
+            f"HybridIndex.from_documents(documents, {str(storage_dir)!r}, embed_model=..., overwrite=True) "
+            "(`rkit index ... --rebuild` rebuilds with the model as it comes)"
+        )
+
+
+def _model_serves(manifest: IndexManifest, embed_model: BaseEmbedding) -> bool:
+    """Whether ``embed_model`` makes the index's vectors: its name, and its document-vector
+    settings when the index records them."""
+    return embed_model_name(embed_model) == manifest.embed_model and manifest.embed_settings_match(embed_settings_of(embed_model))
 
 
 def document_origin(metadata: Dict[str, Any]) -> Optional[str]:
@@ -399,6 +481,31 @@ def _unreadable_cache(storage: Path, exc: Exception, read_only: bool = False) ->
     )
 
 
+def _rewrites_every_chunk(manifest: IndexManifest, bm25: BM25Retriever) -> bool:
+    """Whether the unfinished write ``index.json`` records touched every committed chunk, as
+    :meth:`HybridIndex.purge` does before it deletes the shard: its roll-back on open rewrites
+    every point, so a shard found missing is rebuilt, not damage."""
+    if manifest.pending is None:
+        return False
+    touched = set(manifest.pending.touched_ids)
+    return all(node.node_id in touched for node in bm25.snapshot.nodes)
+
+
+def _disk_usage(path: Path) -> int:
+    """Bytes the file system gives to ``path`` (a file, or every file under a folder): allocated
+    blocks where the platform reports them (sparse files count what they use), else sizes."""
+    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file() and not p.is_symlink()] if path.is_dir() else []
+    total = 0
+    for file in files:
+        try:
+            info = file.stat()
+        except OSError:  # deleted meanwhile
+            continue
+        blocks = getattr(info, "st_blocks", None)
+        total += blocks * 512 if blocks is not None else info.st_size
+    return total
+
+
 def _close_quietly(store: Any, cache: Any) -> None:
     """Close a point store and an embedding cache, ignoring errors (finalizer of HybridIndex)."""
     for resource in (store, cache):
@@ -443,6 +550,9 @@ def check_unique_document_ids(documents: Sequence[Document]) -> None:
 #: Node parser settings that do not change the chunks (LlamaIndex serialises id_func in a form it
 #: cannot load back; this package's parsers ignore it: their ids derive from the span).
 NODE_PARSER_NON_SETTINGS = ("callback_manager", "id_func")
+#: Settings added later, with the value an index.json written before them means (a parser built
+#: with a ``tokenizer=`` callable records its name; older manifests had none: the default tokenizer).
+NODE_PARSER_ADDED_DEFAULTS: Dict[str, Any] = {"tokenizer_callable": None}
 
 
 def node_parser_changes(built: Dict[str, Any], given: Dict[str, Any]) -> List[str]:
@@ -450,10 +560,15 @@ def node_parser_changes(built: Dict[str, Any], given: Dict[str, Any]) -> List[st
     built with (``built``: ``node_parser`` of ``index.json``), as ``"key: built with X, given Y"``.
 
     Compared as JSON: ``class_name``, then every setting both record (one that only one side
-    records, added in another version, keeps its default there), except
-    :data:`NODE_PARSER_NON_SETTINGS`. Empty: the same chunking.
+    records, added in another version, keeps its default there; those of
+    :data:`NODE_PARSER_ADDED_DEFAULTS` are compared with that default, so a ``tokenizer=`` callable
+    is a change), except :data:`NODE_PARSER_NON_SETTINGS`. Empty: the same chunking.
     """
     built, given = (json.loads(json.dumps(d, default=repr)) for d in (built, given))
+    for key, default in NODE_PARSER_ADDED_DEFAULTS.items():
+        if (key in built) != (key in given):
+            built.setdefault(key, default)
+            given.setdefault(key, default)
     if built.get("class_name") != given.get("class_name"):
         return [f"class: built with {built.get('class_name')}, given {given.get('class_name')}"]
     shared = sorted((set(built) & set(given)) - set(NODE_PARSER_NON_SETTINGS) - {"class_name"})
@@ -468,7 +583,7 @@ RETRIEVER_OPTIONS: Dict[str, tuple[str, ...]] = {
     "hybrid_rrf": ("candidate_top_k", "rrf_k", "weights", "dense_search"),
     "dense": ("dense_search",),
     "sparse": (),
-    "qdrant_hybrid": ("candidate_top_k", "rrf_k", "weights", "fusion"),
+    "qdrant_hybrid": ("candidate_top_k", "rrf_k", "weights", "fusion", "leg_scores"),
 }
 COMMON_RETRIEVER_OPTIONS: tuple[str, ...] = ("similarity_top_k", "filters", "callback_manager", "verbose")
 
@@ -586,6 +701,8 @@ class HybridIndex:
         self._unindexed_hinted = False
         self._opened_read_only = False  # load(read_only=True): no shard, no lock, no write
         self._served_elsewhere: Optional[str] = None  # why this object may not write (load(qdrant_url=) of an embedded folder)
+        self._serves_copy = False  # an embedded folder served from its server copy (load(qdrant_url=)): see _check_server_copy
+        self._stale_copy_warned: Optional[int] = None  # the folder generation refresh() last warned its copy lacks
         self._write_start_snapshot: Any = None  # the BM25 state the running write started from
         self._vectors_checked = False  # the store's vectors compared with the embedding cache (once)
 
@@ -672,9 +789,11 @@ class HybridIndex:
         The index is built in a sibling folder (``.<name>.building``) and moved to
         ``storage_dir`` only when complete, so an interrupted or failed build leaves any previous
         index untouched and never a half-built one. Building again reuses the embeddings the
-        interrupted build computed (and, with ``overwrite=True``, those of the replaced index);
-        ``embedding_cache`` names another cache file (an index's ``embeddings.sqlite``) whose
-        vectors the build starts from (read, never changed).
+        interrupted build computed (and, with ``overwrite=True``, those of the replaced index that
+        its chunks need: the replaced cache's other rows, e.g. of deleted documents, are not carried
+        over, so a rebuild also purges the cache, see :meth:`purge`); ``embedding_cache`` names
+        another cache file (an index's ``embeddings.sqlite``) whose vectors the build starts from
+        (all of them copied; read, never changed).
 
         Only the index's own entries of ``storage_dir`` (``index.json``, ``edge/``, ``bm25/``,
         ``docstore/``, ``embeddings.sqlite``: :data:`.storage.INDEX_ENTRIES`) are ever replaced or
@@ -722,6 +841,7 @@ class HybridIndex:
             format_version=FORMAT_VERSION,
             embed_model=embed_model_name(embed_model),
             embed_model_class=embed_model.class_name(),
+            embed_settings=embed_settings_of(embed_model),
             node_parser=node_parser.to_dict(),
             bm25=BM25Settings(k1=bm25_k1, b=bm25_b, method="lucene"),
             bm25_tokenizer=tokenizer_config.to_persisted(),
@@ -735,12 +855,18 @@ class HybridIndex:
         build.mkdir(parents=True, exist_ok=True)
         guard = _storage.WriteGuard(build / _storage.WRITE_LOCK, timeout=0)  # one build per folder at a time
         with guard.hold():
-            _prepare_build_folder(build, storage, seed_cache)
+            replaced_cache = _prepare_build_folder(build, storage, seed_cache)
             store = cls._open_store(build, manifest, qdrant_api_key)
             try:
-                index = cls(build, manifest, embed_model, node_parser, store, bm25, IndexDocumentStore(), tokenizer_config)
+                cache = _open_build_cache(build, replaced_cache)
             except BaseException:
                 store.close()
+                raise
+            try:
+                index = cls(build, manifest, embed_model, node_parser, store, bm25, IndexDocumentStore(), tokenizer_config, cache=cache)
+            except BaseException:
+                store.close()
+                cache.close()
                 raise
             index._write_guard = guard
             try:
@@ -836,6 +962,14 @@ class HybridIndex:
     ) -> "HybridIndex":
         """Open an index folder. The embedding model must be the one it was built with.
 
+        ``embed_model`` defaults to ``Settings.embed_model`` when you set one that matches the
+        index, else the packaged MiniLM. Its name must be the one ``index.json`` records, and its
+        settings that change document vectors (``max_length``, ``normalize``, ...:
+        :func:`.manifest.embed_settings_of`) the recorded ones: another configuration is an
+        :class:`EmbedSettingsMismatchError` naming both (folders written before settings were
+        recorded are not checked, and opening them records nothing: the opener's settings may
+        not be the ones the vectors were made with).
+
         ``node_parser`` defaults to the one recorded in ``index.json``; one that chunks otherwise
         (``to_dict()`` differs) makes :meth:`upsert` refuse, naming both, since an index holds one
         chunking: rebuild with ``from_documents(..., overwrite=True)`` to change it.
@@ -850,6 +984,12 @@ class HybridIndex:
         with :meth:`push_to` (same results); such an object does not write (the folder's own
         points stay in ``edge/``): ``push_to(url, switch=True)`` moves the folder to the server
         for good. For a folder built with ``qdrant_url``, it names where the server moved to.
+        A pushed copy is a snapshot: it is served only when it is a copy of the state the folder
+        has committed (``push_to`` records it in the collection's metadata). One pushed before a
+        later :meth:`upsert` or :meth:`delete`, changed on the server since, or pushed without that
+        record (by an earlier version) is refused with :class:`StaleServerCopyError`, with
+        ``read_only=True`` too: push the folder again (``index.push_to(url)``, ``rkit index ... --push
+        URL``). Results then come from the folder's own chunks, looked up by point id.
 
         Before anything is used, every value of ``index.json`` is validated, the committed
         generation's BM25 and docstore files are checked against the sha256 recorded at commit
@@ -903,16 +1043,22 @@ class HybridIndex:
                 )
             manifest = manifest.with_qdrant_url(qdrant_url)
         built_with = _describe_model(manifest.embed_model_class, manifest.embed_model)
+        source = "the given embed_model"
         if embed_model is None:
+            source = "Settings.embed_model"
             embed_model = settings_embed_model()  # LlamaIndex's Settings.embed_model, when the user set one
-            if embed_model is not None and embed_model_name(embed_model) != manifest.embed_model:
-                embed_model = None  # built with another model: the default or a clear error below
+            if embed_model is not None and not _model_serves(manifest, embed_model):
+                embed_model = None  # built with another model or settings: the default or a clear error below
+                source = "the default model used as it comes (Settings.embed_model was not used: it does not match the index either)"
         if embed_model is None:
             if manifest.embed_model != DEFAULT_EMBED_MODEL:
                 raise ValueError(
                     f"{storage} was built with embedding model {built_with}; pass "
                     f"embed_model= with that model to HybridIndex.load"
                 )
+            source = "the default model" if source == "Settings.embed_model" else source
+            if not manifest.embed_settings_match({}):  # the default as it comes: refused before its weights load
+                raise EmbedSettingsMismatchError(storage, manifest, {}, source)
             embed_model = default_embed_model()
         if embed_model_name(embed_model) != manifest.embed_model:
             given = _describe_model(embed_model.class_name(), embed_model_name(embed_model))
@@ -920,6 +1066,9 @@ class HybridIndex:
                 f"{storage} was built with embedding model {built_with}, not {given}: their vectors are "
                 "not comparable. Load it with the model it was built with, or build a new index with this one"
             )
+        given_settings = embed_settings_of(embed_model)
+        if not manifest.embed_settings_match(given_settings):
+            raise EmbedSettingsMismatchError(storage, manifest, given_settings, source)
         node_parser = node_parser or manifest.build_node_parser()
         manifest, verified, bm25, docstore = _read_committed(storage, manifest, custom_tokenizer, qdrant_url)
         legacy = manifest.format_version == 1 and not manifest.qdrant_url
@@ -932,19 +1081,32 @@ class HybridIndex:
             )
         if read_only and not manifest.qdrant_url:
             return cls._open_read_only(storage, manifest, embed_model, node_parser, bm25, docstore)
-        if not legacy and manifest.qdrant_url is None and not (storage / STORE_DIR / _store.SCHEMA_FILE).exists() and len(bm25):
+        shard_missing = bool(
+            not legacy and manifest.qdrant_url is None and not (storage / STORE_DIR / _store.SCHEMA_FILE).exists() and len(bm25)
+        )
+        if shard_missing and not _rewrites_every_chunk(manifest, bm25):
             raise _storage.DamagedIndexError(storage / STORE_DIR, "is missing (the index holds chunks)", storage)
-        # A format-1 folder starts its shard afresh (dropping what an interrupted migration left).
-        store = cls._open_store(storage, manifest, qdrant_api_key, fresh=legacy)
+        # A format-1 folder starts its shard afresh (dropping what an interrupted migration left), and
+        # so does one whose shard a killed purge() was rebuilding: the roll-back below rewrites every chunk.
+        store = cls._open_store(storage, manifest, qdrant_api_key, fresh=legacy or shard_missing)
         try:
             index = cls(storage, manifest, embed_model, node_parser, store, bm25, docstore, bm25.tokenizer_config)
         except sqlite3.DatabaseError as exc:
             store.close()
             raise _unreadable_cache(storage, exc) from None
         index._served_elsewhere = served_elsewhere
+        index._serves_copy = served_elsewhere is not None
         if read_only:  # a server's collection, searched as usual; nothing rolled back or written from here
             index._served_elsewhere = served_elsewhere or READ_ONLY_REASON
             index._opened_read_only = True
+        if index._serves_copy:  # a copy of the folder: nothing of it is rolled back or written from here
+            try:
+                index._check_server_copy()
+            except BaseException:
+                index.close()
+                raise
+            return index
+        if read_only:
             return index
         try:
             if legacy:
@@ -977,7 +1139,12 @@ class HybridIndex:
         since this object read its own (an index opened with ``read_only=True`` keeps the
         generation it read until then). Returns True when it moved. Cheap when nothing changed
         (``index.json`` read and compared), so a serving worker can call it before each request.
-        A writable object catches up by itself before each write."""
+        A writable object catches up by itself before each write.
+
+        An embedded folder served from a server copy (``load(dir, qdrant_url=)``) moves only to a
+        generation the copy holds: while the folder has committed one that was not pushed yet, it
+        keeps serving the generation it has (the copy's), logs a warning (once per generation)
+        and returns False; after ``push_to`` it moves."""
         if self._read_only is None and self._served_elsewhere is None:  # a writer: under the write guard
             with self._write_guard.hold(), self._rw_lock.write():
                 before = self.manifest.generation
@@ -993,9 +1160,14 @@ class HybridIndex:
             raise _storage.IndexReadOnlyError(self.storage_dir, "the folder was rebuilt since this object opened it", REBUILT_ADVICE)
         if disk.generation == self.manifest.generation:
             return False
+        copy = self._server_copy_state() if self._serves_copy else None
+        if self._serves_copy and not self._copy_holds(copy, disk):
+            return False
         url = self.manifest.qdrant_url
         manifest = disk.with_qdrant_url(url) if url else disk
         manifest, _, committed, docstore = _read_committed(self.storage_dir, manifest, self.tokenizer_config.custom_tokenizer, url)
+        if self._serves_copy and not self._copy_holds(copy, manifest):  # committed again while being read
+            return False
         self._serve_generation(manifest, committed, docstore)
         logger.info("%s: now serving generation %d", self.storage_dir, manifest.generation)
         return True
@@ -1102,8 +1274,13 @@ class HybridIndex:
         (texts embedded), and ``empty``: the ids of the documents that gave no chunk (e.g. only
         whitespace), logged as a warning; their earlier chunks are removed and they are not in
         :meth:`doc_ids` (a replace by nothing).
+
+        A copy pushed to a server (:meth:`push_to`) is a snapshot and still holds the old text:
+        push again before serving it; until then ``load(dir, qdrant_url=)`` refuses it
+        (:class:`StaleServerCopyError`) and serving workers keep the pushed generation.
         """
         self._check_node_parser()
+        self._check_embed_model()
         documents = list(documents)
         for doc in documents:
             check_document_text(doc)
@@ -1119,6 +1296,7 @@ class HybridIndex:
             if conflicts:
                 raise DocumentIdConflictError(conflicts, self.storage_dir)
         nodes = self.node_parser.get_nodes_from_documents(documents, show_progress=show_progress)
+        record_document_ids(nodes)  # a parser that leaves metadata["doc_id"] out: filters on it still work
         leaves = get_leaf_nodes(nodes) if any(n.child_nodes for n in nodes) else nodes
         old_ids = set()
         for doc_id in ids:
@@ -1166,6 +1344,21 @@ class HybridIndex:
             )
         return {"documents": len(ids), "chunks": len(nodes), "removed": len(stale), "embedded": embedded, "empty": empty}
 
+    def _check_embed_model(self) -> None:
+        """Refuse to embed with another model, or other document-vector settings, than the index
+        records (one kind of vector per index): ``index.embed_model`` replaced or reconfigured
+        since :meth:`load`, which checked it."""
+        if embed_model_name(self.embed_model) != self.manifest.embed_model:
+            built_with = _describe_model(self.manifest.embed_model_class, self.manifest.embed_model)
+            given = _describe_model(self.embed_model.class_name(), embed_model_name(self.embed_model))
+            raise ValueError(
+                f"{self.storage_dir} was built with embedding model {built_with}, but index.embed_model is {given}: "
+                "their vectors are not comparable. Upsert with the model it was built with, or rebuild the index with this one"
+            )
+        settings = embed_settings_of(self.embed_model)
+        if not self.manifest.embed_settings_match(settings):
+            raise EmbedSettingsMismatchError(self.storage_dir, self.manifest, settings, "index.embed_model")
+
     def _check_node_parser(self) -> None:
         """Refuse to chunk with another parser than the index was built with (two chunkings in one
         index, and ``index.json`` naming only the first)."""
@@ -1192,7 +1385,12 @@ class HybridIndex:
 
     @_exclusive_write
     def delete(self, doc_id: str) -> int:
-        """Remove a document's chunks from every leg; returns how many were removed."""
+        """Remove a document's chunks from every leg of this folder; returns how many were removed.
+
+        A copy pushed to a server (:meth:`push_to`) is a snapshot and still holds the document:
+        push again before serving it; until then ``load(dir, qdrant_url=)`` refuses it
+        (:class:`StaleServerCopyError`) and serving workers keep the pushed generation.
+        """
         node_ids = sorted(self._node_ids_of(doc_id))
         if not node_ids:
             raise ValueError(f"no document {doc_id!r} in {self.storage_dir} (known ids: {self.doc_ids()[:10]}...)")
@@ -1237,6 +1435,121 @@ class HybridIndex:
         )
         return changed
 
+    @_exclusive_write
+    def purge(self) -> Dict[str, int]:
+        """Erase from the folder what the committed index no longer holds: the text, metadata and
+        vectors of deleted and replaced chunks. :meth:`delete` and :meth:`upsert` take them out of
+        every query path, but Qdrant Edge keeps their payloads in its WAL and segment pages (seen
+        after 14,000 later point writes, :meth:`optimize` and reopens), and the embedding cache keeps
+        each removed chunk's text hash and vector. For an erasure request: delete, then purge.
+
+        1. The Edge shard is written afresh from the committed chunks (the docstore's leaves), their
+           vectors from the embedding cache (one it lacks is first copied there from the old
+           shard: nothing is embedded), with the old shard's payload indexes and, when it had
+           one, HNSW; the old shard's files are deleted. Crash-safe through the write journal:
+           ``index.json`` records the write as touching every chunk before the old shard goes, so
+           a kill at any point leaves a folder that opens to the same committed index (the open
+           rewrites the points from the cache, as after any interrupted write). The generation
+           does not change: a copy pushed of this state stays current.
+        2. The embedding cache keeps only the index model's vectors of the committed chunks
+           (:meth:`.embedding_cache.EmbeddingCache.retain`, with SQLite's ``secure_delete``), and
+           is rewritten (``VACUUM``).
+
+        Returns ``points`` (written to the new shard), ``cache_rows_removed``, ``cache_rows`` (kept)
+        and ``bytes_freed`` (allocated bytes of ``edge/`` and ``embeddings.sqlite``, before minus
+        after; negative when the new shard takes more, e.g. a rebuilt HNSW). A write like
+        :meth:`delete` (the write lock, held throughout; an index open elsewhere cannot be opened
+        to purge: :class:`IndexBusyError`); about as long as writing every chunk again, plus the
+        HNSW build when there is one; queries of this process that read the shard wait meanwhile.
+
+        Only this folder is purged: a copy pushed to a server (:meth:`push_to`) keeps deleted text
+        until you push again (which deletes the previous copy there), and the server keeps its own
+        WAL and snapshots; an interrupted build's ``.<name>.building`` beside the folder keeps its
+        own cache (a warning names it). The file system reuses the freed blocks as usual: nothing
+        overwrites the disk itself. ``rkit purge --storage DIR`` runs this.
+        """
+        if self.store.kind != "edge":
+            raise ValueError(
+                f"{self.storage_dir} lives on {self.store.location}; purge() rewrites the embedded shard. On a server, "
+                "rebuild the index (HybridIndex.from_documents(..., qdrant_url=..., overwrite=True)): it writes a new "
+                "collection, deletes the replaced one and takes only its own chunks' vectors from the embedding cache"
+            )
+        cache_file = self.storage_dir / "embeddings.sqlite"
+        before = _disk_usage(self.storage_dir / STORE_DIR) + _disk_usage(cache_file)
+        leaves = list(self.bm25.snapshot.nodes)
+        model = model_key(self.embed_model)
+        keys = [text_key(n.get_content(metadata_mode=MetadataMode.EMBED)) for n in leaves]
+        copied = self._cache_vectors_from_store(leaves, keys, model)
+        with self._rw_lock.write():  # queries reading the shard wait: it is gone until rewritten
+            self._rewrite_store(leaves)
+        removed = self.cache.retain(model, keys)
+        self.cache.vacuum()
+        stats = {
+            "points": self.store.count(),
+            "cache_rows_removed": removed,
+            "cache_rows": len(self.cache),
+            "bytes_freed": before - _disk_usage(self.storage_dir / STORE_DIR) - _disk_usage(cache_file),
+        }
+        logger.info(
+            "%s: purged: the shard rewritten with %d point(s) (%d vector(s) copied from the old shard to the cache), "
+            "%d cached vector(s) of removed chunks deleted, %d bytes freed",
+            self.storage_dir, stats["points"], copied, removed, stats["bytes_freed"],
+        )
+        build = _storage.building_dir(self.storage_dir)
+        if build.is_dir():
+            logger.warning(
+                "%s holds an interrupted build of this folder, with its own embedding cache, which purge() does not "
+                "touch: build again to finish it, or delete that folder",
+                build,
+            )
+        return stats
+
+    def _cache_vectors_from_store(self, leaves: Sequence[BaseNode], keys: Sequence[str], model: str) -> int:
+        """Copy into the embedding cache the stored vectors of the ``leaves`` (text keys ``keys``)
+        it lacks, so that rewriting the points embeds nothing; returns how many."""
+        missing = set(self.cache.missing(model, keys))
+        if not missing or not self.store.exists():
+            return 0
+        wanted = {_store.point_id(n.node_id): key for n, key in zip(leaves, keys) if key in missing}
+        point_ids, vectors = self.store.dense_block()
+        rows = {wanted[pid]: vectors[i] for i, pid in enumerate(point_ids) if pid in wanted}
+        self.cache.put_many(model, rows.items())
+        return len(rows)
+
+    def _rewrite_store(self, leaves: Sequence[BaseNode]) -> None:
+        """:meth:`purge`'s step 1, under the write locks: journal a write touching every chunk,
+        replace the shard by a fresh one holding the committed ``leaves`` (vectors from the cache,
+        the old payload indexes, HNSW when the old shard had it), then clear the journal as a
+        finished roll-back does (the committed generation is unchanged). A failure is rolled
+        back like a failed write (:meth:`_recover`: every point rewritten)."""
+        store = self.store
+        had_shard = store.exists()
+        indexes = store.payload_indexes if had_shard else {}
+        points = store.count() if had_shard else 0
+        had_hnsw = bool(points) and store.unindexed_vectors() < points
+        self._begin([n.node_id for n in leaves])
+        pending = self._journal.pending
+        assert pending is not None
+        try:
+            store.clear()
+            if self.manifest.embed_dim:
+                self._ensure_collection(self.manifest.embed_dim)
+                store.ensure_payload_indexes(indexes)
+            self._write_leaves_from_cache(leaves)
+            if had_hnsw:
+                store.optimize()
+            store.refresh()  # exact IDF statistics; the engine drops the segments the optimiser replaced
+            schema = self.storage_dir / STORE_DIR / _store.SCHEMA_FILE
+            if schema.exists():  # durable before the journal stops covering the new shard
+                _storage.fsync_tree(schema)
+            self._journal.finish_roll_back(pending)
+        except BaseException:
+            self._recover()
+            raise
+        self._write_start_snapshot = None
+        self._dense = None
+        self._vectors_checked = False
+
     def _node_ids_of(self, doc_id: str) -> List[str]:
         info = self.docstore.get_ref_doc_info(doc_id)
         return list(info.node_ids) if info else []
@@ -1277,9 +1590,15 @@ class HybridIndex:
         Recognising its own collection needs Qdrant 1.16 or later (collection metadata).
 
         Afterwards ``HybridIndex.load(storage_dir, qdrant_url=qdrant_url)`` serves the same results
-        from the server (read-only there). ``switch=True`` moves the folder to the server for good:
+        from the server (read-only there). The copy is a snapshot of the folder's committed state,
+        which it records in its metadata beside the index id (:attr:`.manifest.IndexManifest.folder_state`:
+        build, generation, checksums): a later :meth:`upsert` or :meth:`delete` does not reach it,
+        and ``load(dir, qdrant_url=)`` refuses it from then on (:class:`StaleServerCopyError`) until
+        you push again; serving workers keep their generation until then (:meth:`refresh`).
+        ``switch=True`` moves the folder to the server for good:
         ``index.json`` records the server and the new collection, this object writes there from now
-        on and ``edge/`` is deleted. Qdrant Edge's snapshots are the other route (see docs/architecture.md).
+        on and ``edge/`` is deleted (that collection records no snapshot state: it is the index).
+        Qdrant Edge's snapshots are the other route (see docs/architecture.md).
         """
         if self.store.kind != "edge":
             raise ValueError(f"{self.storage_dir} already lives on {self.store.location}; push_to copies an embedded index")
@@ -1303,7 +1622,10 @@ class HybridIndex:
                 current = names.target(name)
                 if current is not None and not overwrite and names.owner(current) != index_id:
                     raise self._foreign(names, name, current, PUSH_OVERWRITE_ADVICE)
-                target = _store.ServerPoints(client, _store.build_collection_name(name), url=qdrant_url, index_id=index_id)
+                # A copy records the folder state it holds (load(dir, qdrant_url=) serves it only while the
+                # folder is in that state); a switched-to collection is the index itself, written from now on.
+                state = None if switch else self.manifest.folder_state.to_json()
+                target = _store.ServerPoints(client, _store.build_collection_name(name), url=qdrant_url, index_id=index_id, folder_state=state)
                 try:
                     with self._rw_lock.read():
                         copied = self._copy_points(target)
@@ -1684,6 +2006,60 @@ class HybridIndex:
                 self.storage_dir,
             )
 
+    def _server_copy_state(self) -> Optional[FolderState]:
+        """The folder state the server copy this object serves records (None: none recorded)."""
+        return FolderState.from_json(self.store.copied_state())
+
+    def _check_server_copy(self) -> None:
+        """On :meth:`load` of an embedded folder with ``qdrant_url``: the server collection must be a
+        copy of the folder's committed state (the state ``push_to`` recorded in its metadata) holding
+        one point per chunk; otherwise :class:`StaleServerCopyError` (push again). A missing
+        collection is refused too, unless the folder holds no chunk (then nothing can be served)."""
+        url = str(self.manifest.qdrant_url)
+        location = self.store.location
+        if not self.store.exists():
+            if len(self.bm25):
+                raise StaleServerCopyError(self.storage_dir, location, url, f"does not exist (nothing was pushed there as {self.manifest.collection!r})")
+            return
+        folder = self.manifest.folder_state
+        copy = self._server_copy_state()
+        if copy is None:
+            raise StaleServerCopyError(
+                self.storage_dir,
+                location,
+                url,
+                "records no state of the folder it copies (pushed by a version before push_to recorded it, or kept "
+                "by a Qdrant server before 1.16, which drops collection metadata: push to 1.16 or later)",
+            )
+        if copy != folder:
+            raise StaleServerCopyError(
+                self.storage_dir, location, url, f"is a copy of the folder at {copy.describe()}, but the folder has committed {folder.describe()}"
+            )
+        points, chunks = self.store.count(), len(self.bm25)
+        if points != chunks:
+            raise StaleServerCopyError(
+                self.storage_dir, location, url, f"holds {points} point(s) but the folder {chunks} chunk(s) (changed on the server since it was pushed)"
+            )
+
+    def _copy_holds(self, copy: Optional[FolderState], manifest: IndexManifest) -> bool:
+        """Whether the server copy (its recorded state ``copy``) holds ``manifest``'s committed
+        state; if not, a warning once per generation (:meth:`refresh` keeps the one it serves)."""
+        if copy is not None and copy == manifest.folder_state:
+            return True
+        if self._stale_copy_warned != manifest.generation:
+            self._stale_copy_warned = manifest.generation
+            held = copy.describe() if copy is not None else "no recorded state"
+            logger.warning(
+                "%s: the folder committed generation %d, but %s holds %s; still serving generation %d. %s",
+                self.storage_dir,
+                manifest.generation,
+                self.store.location,
+                held,
+                self.manifest.generation,
+                push_again_advice(self.storage_dir, str(self.manifest.qdrant_url)),
+            )
+        return False
+
     def _check_point_count(self) -> None:
         points = self.store.count()
         chunks = len(self.bm25)
@@ -1792,7 +2168,9 @@ class HybridIndex:
         fusion), ``weights`` (per leg, ``[bm25, dense]``; for ``"hybrid"``'s feedback fusion
         ``[bm25, dense, feedback]``, or ``[bm25, dense]`` with the feedback leg kept at 0.4),
         ``rrf_k`` (default 60), ``fusion`` (``qdrant_hybrid``: ``"rrf"``, the default, or
-        ``"dbsf"``), ``dense_search``: ``"memory"`` (exact cosine over the
+        ``"dbsf"``), ``leg_scores`` (``qdrant_hybrid``: True, the default, also runs each leg
+        on its own in the engine's batch so results carry their leg ranks and scores for the
+        no-answer gate and the trace; False, about half the engine time, fused scores only), ``dense_search``: ``"memory"`` (exact cosine over the
         stored vectors in numpy; fused modes then fuse in arrays), ``"qdrant"`` (Qdrant's own
         search) or ``"auto"`` (memory in local mode, Qdrant for a server). An option a mode does
         not use is refused (``ValueError``), an unknown one too (``TypeError``); ``None`` means
@@ -1831,6 +2209,7 @@ class HybridIndex:
                 candidate_top_k=depth,
                 rrf_k=rrf_k,  # QdrantHybridRetriever rejects a non-integer k instead of truncating it
                 fusion=self._engine_fusion(given),
+                leg_scores=given.get("leg_scores", True),
                 filters=filters,
                 point_filter=self._point_filter(),
                 read_guard=self._rw_lock.read,
@@ -1901,9 +2280,13 @@ class HybridIndex:
         """For engine-side search on the embedded store: the result nodes as copies of the index's
         own (looked up by point id in the BM25 snapshot, whose leaves are exactly the shard's
         points, written together under the write lock) instead of parsed from each payload's
-        JSON (~20 us per result). None for a server, whose points another writer may have changed:
-        its results are read from their payloads."""
-        if not isinstance(self.store, _store.EdgePoints):
+        JSON (~20 us per result). Also for an embedded folder served from its server copy
+        (``load(dir, qdrant_url=)``, checked to be a copy of the committed state): results are the
+        folder's committed chunks; a point the folder lacks (a newer push not yet followed by
+        :meth:`refresh`) makes the retriever warn and read that query's payloads. None for an
+        index living on a server, whose points another writer may have changed: its results are
+        read from their payloads."""
+        if not isinstance(self.store, _store.EdgePoints) and not self._serves_copy:
             return None
 
         def lookup(point_ids: Sequence[str]) -> List[Optional[BaseNode]]:

@@ -11,6 +11,8 @@ Keys (formats 1 and 2 share them; the JSON written is the JSON read, unknown key
 
     format_version     2 (1: points in Qdrant local mode, migrated on open)
     embed_model        the embedding model's name; embed_model_class its class (absent in early folders)
+    embed_settings     the model's settings that change document vectors (models.document_vector_settings:
+                       {} for a model used as it comes); absent in folders written before it (not checked)
     embed_dim          the vector dimension (null until the first chunk is embedded)
     node_parser        the node parser's to_dict() (rebuilt by build_node_parser)
     bm25               k1, b, method, avgdl (avgdl: frozen at the first write, the sparse vectors' length norm)
@@ -25,10 +27,15 @@ Keys (formats 1 and 2 share them; the JSON written is the JSON read, unknown key
     integrity          sha256 of generation N's files and its chunk count (absent before checksums)
     build_id           a random id of the build that made the folder, new at each build and rebuild (absent
                        before build ids): an open index that finds another one on disk was rebuilt under it
+
+The committed state these keys name (build, generation, checksums) is :attr:`IndexManifest.folder_state`,
+which ``push_to`` records in the server copy it makes (:class:`FolderState`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 import uuid
 from pathlib import Path
@@ -47,9 +54,18 @@ READABLE_FORMATS = (1, 2)
 COLLECTION = "chunks"
 
 # Keys written only when they hold a value: folders written before them lack them.
-_OMITTED_WHEN_NONE = ("embed_model_class", "integrity", "index_id", "build_id")
+_OMITTED_WHEN_NONE = ("embed_model_class", "embed_settings", "integrity", "index_id", "build_id")
 #: The form of ``index_id``: 32 lower-case hex digits (:func:`new_index_id`).
 INDEX_ID_PATTERN = r"^[0-9a-f]{32}$"
+
+
+def embed_settings_of(embed_model: Any) -> Dict[str, Any]:
+    """The document-vector settings of ``embed_model`` as ``index.json`` records them:
+    :func:`~llama_index_retrieval_kit.models.document_vector_settings` after a JSON round trip
+    (a tuple reads back as a list), so that a recorded value and a live model's compare equal."""
+    from ..models import document_vector_settings
+
+    return json.loads(json.dumps(document_vector_settings(embed_model), sort_keys=True))
 
 
 def new_index_id() -> str:
@@ -99,6 +115,56 @@ class GenerationRecord(BaseModel):
         return self.model_dump(mode="json")
 
 
+class FolderState(BaseModel):
+    """Which committed state of a folder something holds: what ``push_to`` records in the metadata
+    of the server copy it makes, so that ``HybridIndex.load(dir, qdrant_url=)`` serves a copy only
+    of the state the folder has committed (:attr:`IndexManifest.folder_state`).
+
+    Two states are the same when all three fields are equal: the build (a rebuild is another
+    state even at the same generation), the generation (each commit a new one), and the digest of
+    the generation's checksums (two copies of one folder that committed different writes at the
+    same generation differ there)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore", strict=True)
+
+    build_id: Optional[str] = Field(description="index.json's build_id (None: built before build ids).")
+    generation: int = Field(description="The committed generation.")
+    digest: Optional[str] = Field(
+        description="sha256 hex digest of the generation's integrity record (its files' sha256 and chunk count, "
+        "canonical JSON); None for a folder written before checksums."
+    )
+
+    @classmethod
+    def from_json(cls, data: Any) -> Optional["FolderState"]:
+        """The state recorded as ``data`` (:meth:`to_json`), or None when it is not one (absent,
+        written by another program, or malformed: never trusted as a match)."""
+        if not isinstance(data, dict):
+            return None
+        try:
+            return cls.model_validate(data)
+        except ValidationError:
+            return None
+
+    def to_json(self) -> Dict[str, Any]:
+        """The state as a JSON object (what a server collection's metadata holds)."""
+        return self.model_dump(mode="json")
+
+    def describe(self) -> str:
+        """A short human form: ``generation 5 of build 1a2b3c4d (content 9f8e7d6c)``."""
+        build = f"build {self.build_id[:8]}" if self.build_id else "a build without id"
+        content = f" (content {self.digest[:8]})" if self.digest else ""
+        return f"generation {self.generation} of {build}{content}"
+
+
+def integrity_digest(record: Optional[Dict[str, Any]]) -> Optional[str]:
+    """sha256 of an integrity record (:attr:`IndexManifest.integrity_record`) as canonical JSON
+    (sorted keys, no spaces); None for None."""
+    if record is None:
+        return None
+    canonical = json.dumps(record, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
 class IndexManifest(BaseModel):
     """The content of ``index.json`` (see the module docstring for each key)."""
 
@@ -107,6 +173,11 @@ class IndexManifest(BaseModel):
     format_version: int = Field(default=FORMAT_VERSION, description="Folder format (READABLE_FORMATS are opened).")
     embed_model: str = Field(description="Name of the embedding model the vectors come from.")
     embed_model_class: Optional[str] = Field(default=None, description="Class name of that model (error messages).")
+    embed_settings: Optional[Dict[str, Any]] = Field(
+        default=None,
+        description="Settings of the model that change document vectors (embed_settings_of; {}: the model as it comes), "
+        "recorded at build; None: a folder written before they were recorded, opened without checking them.",
+    )
     embed_dim: Optional[int] = Field(default=None, description="Vector dimension; None until the first chunk is embedded.")
     node_parser: Dict[str, Any] = Field(description="The node parser's to_dict(), with its class_name.")
     bm25: BM25Settings = Field(description="BM25 parameters.")
@@ -206,6 +277,19 @@ class IndexManifest(BaseModel):
         return self.model_copy(update={"format_version": version})
 
     # ------------------------------------------------------------------ derived values
+    def embed_settings_match(self, settings: Dict[str, Any]) -> bool:
+        """Whether a model with the document-vector settings ``settings`` (:func:`embed_settings_of`)
+        makes the vectors this index holds: True when they equal the recorded ones, or when none
+        are recorded (a folder written before them: not checked)."""
+        return self.embed_settings is None or self.embed_settings == settings
+
+    @property
+    def folder_state(self) -> FolderState:
+        """The committed state this manifest names (:class:`FolderState`): build, generation and
+        the digest of the generation's checksums. A write in progress (``pending``) is not part of
+        it: the committed generation is what a reader serves."""
+        return FolderState(build_id=self.build_id, generation=self.generation, digest=integrity_digest(self.integrity_record))
+
     @property
     def integrity_record(self) -> Optional[Dict[str, Any]]:
         """The integrity record as :func:`.storage.verify_generation` takes it (None: unverified folder)."""

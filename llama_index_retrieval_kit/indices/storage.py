@@ -236,6 +236,8 @@ def validate_manifest(config: Any, path: Path | str, format_version: int | Seque
     check.str_(check.require(config, "embed_model"), "embed_model", non_empty=True)
     if "embed_model_class" in config:
         check.str_(config["embed_model_class"], "embed_model_class", optional=True)
+    if config.get("embed_settings") is not None:
+        check.dict_(config["embed_settings"], "embed_settings")
     dim = check.require(config, "embed_dim")
     if dim is not None:
         check.int_(dim, "embed_dim", 1)

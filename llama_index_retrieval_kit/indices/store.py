@@ -70,8 +70,8 @@ from llama_index.core.vector_stores.types import FilterCondition, FilterOperator
 from llama_index.core.vector_stores.utils import node_to_metadata_dict
 
 from .._enums import ChoiceEnum, EngineFusion
-from ..retrievers.filters import metadata_matches, validate_filters
-from .storage import DamagedIndexError, FileLock, IndexWriteLockedError, remove_path
+from ..retrievers.filters import DOCUMENT_ID_ALIASES, metadata_matches, validate_filters
+from .storage import DamagedIndexError, FileLock, IndexWriteLockedError, fsync_dir, remove_path
 
 try:
     import qdrant_edge as qe
@@ -110,6 +110,7 @@ _KEY_RE = re.compile(r"^[A-Za-z0-9_-]+$")
 _NO_POINT_TOKEN = "none"  # no point holds it: every token but this one has a ':'
 _CODE_BITS = 62
 _VALUE_KINDS = ("str", "num", "true", "false", "list")  # a key with none of these is missing (or None)
+_SCALAR_KINDS = ("str", "num", "true", "false")  # a single (not list) exactly comparable value
 _ORDER_FUNCS: Dict[FilterOperator, Callable[[Any, Any], bool]] = {
     FilterOperator.GT: operator.gt,
     FilterOperator.GTE: operator.ge,
@@ -534,6 +535,17 @@ def _substring(key: str, text: str, field: str) -> Clause:
 
 
 def _translate_leaf(leaf: MetadataFilter) -> Condition:
+    """A leaf's engine condition; a document-id alias key (:data:`DOCUMENT_ID_ALIASES`) reads its own
+    value where the point has one, else ``doc_id``'s (as ``metadata_matches`` does)."""
+    if leaf.key not in DOCUMENT_ID_ALIASES:
+        return _translate_key_leaf(leaf)
+    own = _translate_key_leaf(leaf)
+    fallback = _translate_key_leaf(leaf.model_copy(update={"key": "doc_id"}))
+    present = AnyKeyword(KINDS_FIELD, tuple(token_code(f"{k}:{leaf.key}") for k in _VALUE_KINDS))
+    return Clause(should=(Clause(must=(present, own)), Clause(must=(fallback,), must_not=(present,))))
+
+
+def _translate_key_leaf(leaf: MetadataFilter) -> Condition:
     op, wanted, key = leaf.operator, leaf.value, leaf.key
     if not isinstance(key, str) or not _KEY_RE.match(key):
         raise UntranslatableFilterError(f"filter key {key!r} is not supported in the engine: keys must match {_KEY_RE.pattern}")
@@ -558,10 +570,15 @@ def _translate_leaf(leaf: MetadataFilter) -> Condition:
         if isinstance(wanted, str):
             parts.append(_substring(key, wanted, metadata_field(key)))
         return _any_of(parts)
-    if op == FilterOperator.ANY:
-        return Clause(must=(_kind("list", key), _any_of([_element_equals(leaf, item) for item in wanted])))
-    if op == FilterOperator.ALL:
-        return Clause(must=(_kind("list", key), *[_element_equals(leaf, item) for item in wanted]))
+    if op == FilterOperator.ANY:  # in the list, or a single value equal to one of them
+        in_list = Clause(must=(_kind("list", key), _any_of([_element_equals(leaf, item) for item in wanted])))
+        return _any_of([in_list, *[_equals(leaf, item) for item in wanted]])
+    if op == FilterOperator.ALL:  # all in the list, or a single value equal to each of them
+        single = AnyKeyword(KINDS_FIELD, tuple(token_code(f"{k}:{key}") for k in _SCALAR_KINDS))
+        return _any_of([
+            Clause(must=(_kind("list", key), *[_element_equals(leaf, item) for item in wanted])),
+            Clause(must=(single, *[_equals(leaf, item) for item in wanted])),
+        ])
     if op == FilterOperator.TEXT_MATCH:
         return _substring(key, wanted, metadata_field(key))
     if op == FilterOperator.TEXT_MATCH_INSENSITIVE:
@@ -611,7 +628,7 @@ def translate_filters(filters: Optional[MetadataFilters]) -> Optional[Clause]:
 def filter_keys(filters: Union[MetadataFilters, MetadataFilter]) -> List[str]:
     """The metadata keys ``filters`` reads, sorted."""
     if isinstance(filters, MetadataFilter):
-        return [filters.key]
+        return sorted({filters.key, "doc_id"}) if filters.key in DOCUMENT_ID_ALIASES else [filters.key]
     return sorted({key for sub in filters.filters for key in filter_keys(sub)})
 
 
@@ -761,6 +778,17 @@ class SearchPlan(NamedTuple):
     limit: int
     prefetch_limit: int
     filter: Any
+
+
+class LegSearch(NamedTuple):
+    """A fused search and each leg's own ranking under the same filter (what the fusion read).
+
+    ``fused``: ``(point id, score, payload or None)``, ranked as :func:`ranked_hits` orders them;
+    ``legs``: per leg kind (``"dense"``, ``"sparse"``), ``(point id, score)`` of that leg alone,
+    best first, ``prefetch_limit`` deep (a single-leg search: that leg's ranking as well)."""
+
+    fused: List[Tuple[str, float, Optional[Dict[str, Any]]]]
+    legs: Dict[str, List[Tuple[str, float]]]
 
 
 def _check_count(name: str, value: Any, minimum: int = 1) -> int:
@@ -1034,6 +1062,37 @@ class _PointStore:
         hits = self._ranked_hits(dense, sparse, limit, dict(prefetch_limit=prefetch_limit, rrf_k=rrf_k, filter=filter, fusion=fusion), False)
         return [(str(p.id), float(p.score)) for p in hits]
 
+    def search_with_legs(
+        self,
+        dense: Optional[Sequence[float]],
+        sparse: Any = None,
+        *,
+        limit: int,
+        prefetch_limit: int = 100,
+        rrf_k: int = 60,
+        filter: Any = None,
+        fusion: str = "rrf",
+        with_payload: bool = False,
+    ) -> LegSearch:
+        """:meth:`search_ids` (with the payloads when ``with_payload``) and, in the same batch, each
+        leg on its own to ``prefetch_limit`` under the same filter: the rank and score each result
+        had in every leg, which the engine's fusion does not return (one planned batch: Qdrant
+        Edge's ``query_batch`` shares a pass over the segments, a server gets one request)."""
+        limit = _check_count("limit", limit)
+        plan = plan_search(dense, sparse, limit=limit + TIE_MARGIN, prefetch_limit=prefetch_limit, rrf_k=rrf_k, filter=filter, fusion=fusion)
+        if plan is None:
+            return LegSearch([], {})
+        depth = plan.prefetch_limit
+        legs = [SearchPlan((leg,), None, plan.engine_rrf_k, depth, depth, plan.filter) for leg in plan.legs]
+        results = self._query_batch([(plan, with_payload)] + [(leg, False) for leg in legs])
+        fused = [(str(p.id), float(p.score), dict(p.payload or {}) if with_payload else None) for p in ranked_hits(results[0], limit)]
+        ranked = {leg.legs[0].kind: [(str(p.id), float(p.score)) for p in ranked_hits(hits, depth)] for leg, hits in zip(legs, results[1:])}
+        return LegSearch(fused, ranked)
+
+    def _query_batch(self, plans: Sequence[Tuple[SearchPlan, bool]]) -> List[List[Any]]:
+        """Run each ``(plan, with_payload)``: their scored points, in order (a transport may batch them)."""
+        return [self._query(plan, with_payload) for plan, with_payload in plans]
+
     def _ranked_hits(self, dense: Any, sparse: Any, limit: int, options: Dict[str, Any], with_payload: bool) -> List[Any]:
         """The engine's top ``limit`` hits (asked for ``limit`` + :data:`TIE_MARGIN`), by :func:`ranked_hits`."""
         limit = _check_count("limit", limit)
@@ -1203,6 +1262,26 @@ class EdgePoints(_PointStore):
         tmp.replace(self.path / SCHEMA_FILE)
         logger.info("created Edge store %s (dense dim %d)", self.path, dense_dim)
 
+    def clear(self) -> None:
+        """Delete the shard and its schema, keeping the lock: the store then holds no shard until
+        :meth:`create` (``HybridIndex.purge`` writes a fresh one). ``store.json`` goes first, in one
+        fsynced unlink, so a kill at any point leaves either the whole shard or a folder whose shard
+        counts as missing (its leftover files are deleted by the next ``EdgePoints(path, fresh=True)``),
+        never a half-deleted shard described as whole."""
+        self._check_open()
+        if self._engine is not None:
+            engine, self._engine = self._engine, None
+            with engine_writes(self.path):
+                engine.close()
+        (self.path / SCHEMA_FILE).unlink(missing_ok=True)
+        fsync_dir(self.path)
+        self._schema = None
+        self._indexes = {}
+        remove_path(self.path / SHARD_DIR)
+        if (self.path / SHARD_DIR).exists():
+            raise OSError(f"could not delete the shard {self.path / SHARD_DIR}")
+        fsync_dir(self.path)
+
     def _create_indexes(self, plan: Mapping[str, IndexKind], wait: bool = True) -> None:
         for field, kind in indexes_to_create(self._indexes, plan).items():
             with engine_writes(self.path):
@@ -1331,12 +1410,26 @@ class EdgePoints(_PointStore):
         self._check_open()
         if self._engine is None or self._schema is None:
             return []
-        dense = plan.legs[0].dense
-        if dense is not None and len(dense) != self._schema.dense_dim:
-            raise ValueError(f"dense query has {len(dense)} dimensions, the store {self._schema.dense_dim}")
+        self._check_dense_dim(plan)
         request = self._request(plan, with_payload)
         with engine_reads(self.path, "searched"):
             return self._shard().query(request)
+
+    def _check_dense_dim(self, plan: SearchPlan) -> None:
+        """A ValueError when ``plan``'s dense vector does not have the shard's dimension."""
+        dense = plan.legs[0].dense
+        if dense is not None and len(dense) != self._schema.dense_dim:  # type: ignore[union-attr]
+            raise ValueError(f"dense query has {len(dense)} dimensions, the store {self._schema.dense_dim}")  # type: ignore[union-attr]
+
+    def _query_batch(self, plans: Sequence[Tuple[SearchPlan, bool]]) -> List[List[Any]]:
+        self._check_open()
+        if self._engine is None or self._schema is None:
+            return [[] for _ in plans]
+        for plan, _ in plans:
+            self._check_dense_dim(plan)
+        batch = qe.QueryBatchRequest([self._request(plan, with_payload) for plan, with_payload in plans])
+        with engine_reads(self.path, "searched"):
+            return list(self._shard().query_batch(batch))
 
     def flush(self) -> None:
         if self._engine is not None:
@@ -1407,11 +1500,20 @@ class ServerPoints(_PointStore):
 
     kind = "server"
 
-    def __init__(self, client: Any, collection: str, url: Optional[str] = None, index_id: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        client: Any,
+        collection: str,
+        url: Optional[str] = None,
+        index_id: Optional[str] = None,
+        folder_state: Optional[Mapping[str, Any]] = None,
+    ) -> None:
         self.client = client
         self.collection = collection
         self.url = url
         self.index_id = index_id  # written into the metadata of the collection :meth:`create` makes
+        # With index_id: the folder state a copy holds (push_to), written beside it (:func:`owner_metadata`).
+        self.folder_state = dict(folder_state) if folder_state is not None else None
         self._closed = False
         self._indexes: Optional[Dict[str, IndexKind]] = None  # read from the collection on first use
 
@@ -1448,14 +1550,14 @@ class ServerPoints(_PointStore):
         return dict(self._indexes)
 
     def create(self, dense_dim: int) -> None:
-        """Create the collection (as :meth:`EdgePoints.create`), marked with ``index_id`` in its
-        metadata (:func:`owner_metadata`); nothing when it exists."""
+        """Create the collection (as :meth:`EdgePoints.create`), marked with ``index_id`` (and the
+        ``folder_state`` a copy holds) in its metadata (:func:`owner_metadata`); nothing when it exists."""
         from qdrant_client import models
 
         if self.exists():
             return
         _check_count("dense_dim", dense_dim)
-        marked = {"metadata": owner_metadata(self.index_id)} if self.index_id else {}
+        marked = {"metadata": owner_metadata(self.index_id, self.folder_state)} if self.index_id else {}
         try:
             self.client.create_collection(
                 self.collection,
@@ -1480,12 +1582,23 @@ class ServerPoints(_PointStore):
                 self.location,
             )
 
+    def _metadata(self) -> Any:
+        """The collection's metadata as the server reports it (None when missing or without any)."""
+        if not self.exists():
+            return None
+        return getattr(self.client.get_collection(self.collection).config, "metadata", None)
+
     def owner(self) -> Optional[str]:
         """The index id in the collection's metadata (:func:`metadata_owner`); None when the
         collection is missing or carries none (another application's, or written before ids)."""
-        if not self.exists():
-            return None
-        return metadata_owner(getattr(self.client.get_collection(self.collection).config, "metadata", None))
+        return metadata_owner(self._metadata())
+
+    def copied_state(self) -> Optional[Dict[str, Any]]:
+        """The folder state recorded in the collection's metadata by the push that made it
+        (:func:`metadata_folder_state`); None when the collection is missing or records none (built
+        on the server, pushed with ``switch=True``, pushed by a version before the record, or a
+        Qdrant server before 1.16, which drops collection metadata)."""
+        return metadata_folder_state(self._metadata())
 
     def check_owner(self, storage_dir: Any) -> None:
         """Refuse (:class:`ForeignCollectionError`) a collection marked as another index's than
@@ -1624,6 +1737,17 @@ class ServerPoints(_PointStore):
     def _query(self, plan: SearchPlan, with_payload: bool) -> List[Any]:
         return self.client.query_points(collection_name=self.collection, with_payload=with_payload, **self._query_kwargs(plan)).points
 
+    def _query_batch(self, plans: Sequence[Tuple[SearchPlan, bool]]) -> List[List[Any]]:
+        from qdrant_client import models
+
+        requests = []
+        for plan, with_payload in plans:
+            kwargs = self._query_kwargs(plan)
+            kwargs["filter"] = kwargs.pop("query_filter")
+            requests.append(models.QueryRequest(with_payload=with_payload, **kwargs))
+        responses = self.client.query_batch_points(collection_name=self.collection, requests=requests)
+        return [response.points for response in responses]
+
     def flush(self) -> None:
         """Server writes are acknowledged with ``wait=True``: nothing to flush."""
 
@@ -1645,8 +1769,11 @@ class ServerPoints(_PointStore):
 
 # ---------------------------------------------------------------------------- server namespace
 #: The key of this package's entry in the metadata of a server collection it wrote (Qdrant keeps
-#: collection metadata since 1.16): ``{OWNER_METADATA_KEY: {"index_id": <the index's id>}}``.
+#: collection metadata since 1.16): ``{OWNER_METADATA_KEY: {"index_id": <the index's id>}}``, and
+#: for a copy of an embedded folder (``push_to``) also ``FOLDER_STATE_KEY: <the state it copied>``.
 OWNER_METADATA_KEY = "llama_index_retrieval_kit"
+#: The key, beside ``index_id``, of the folder state a pushed copy holds (``manifest.FolderState.to_json()``).
+FOLDER_STATE_KEY = "folder_state"
 #: Hex digits of the suffix of a build collection: ``<name>-<12 hex digits>``.
 BUILD_SUFFIX_HEX = 12
 _BUILD_SUFFIX = re.compile(rf"-[0-9a-f]{{{BUILD_SUFFIX_HEX}}}\Z")
@@ -1654,16 +1781,32 @@ _BUILD_SUFFIX = re.compile(rf"-[0-9a-f]{{{BUILD_SUFFIX_HEX}}}\Z")
 MAX_SERVED_NAME = 128 - 1 - BUILD_SUFFIX_HEX
 
 
-def owner_metadata(index_id: str) -> Dict[str, Any]:
-    """The collection metadata marking a collection as written by the index ``index_id``."""
-    return {OWNER_METADATA_KEY: {"index_id": index_id}}
+def owner_metadata(index_id: str, folder_state: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+    """The collection metadata marking a collection as written by the index ``index_id``; with
+    ``folder_state``, as a copy of that state of its folder (``push_to``)."""
+    entry: Dict[str, Any] = {"index_id": index_id}
+    if folder_state is not None:
+        entry[FOLDER_STATE_KEY] = dict(folder_state)
+    return {OWNER_METADATA_KEY: entry}
+
+
+def _owner_entry(metadata: Any) -> Optional[Mapping[str, Any]]:
+    entry = metadata.get(OWNER_METADATA_KEY) if isinstance(metadata, Mapping) else None
+    return entry if isinstance(entry, Mapping) else None
 
 
 def metadata_owner(metadata: Any) -> Optional[str]:
     """The index id a collection's metadata names (:func:`owner_metadata`), or None."""
-    entry = metadata.get(OWNER_METADATA_KEY) if isinstance(metadata, Mapping) else None
-    owner = entry.get("index_id") if isinstance(entry, Mapping) else None
+    entry = _owner_entry(metadata)
+    owner = entry.get("index_id") if entry is not None else None
     return owner if isinstance(owner, str) else None
+
+
+def metadata_folder_state(metadata: Any) -> Optional[Dict[str, Any]]:
+    """The folder state a collection's metadata records (:func:`owner_metadata`), or None."""
+    entry = _owner_entry(metadata)
+    state = entry.get(FOLDER_STATE_KEY) if entry is not None else None
+    return dict(state) if isinstance(state, Mapping) else None
 
 
 def build_collection_name(name: str, token: Optional[str] = None) -> str:

@@ -7,14 +7,18 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 from llama_index.core.bridge.pydantic import Field, PrivateAttr, model_validator
 from llama_index.core.node_parser.interface import NodeParser
+from llama_index.core.node_parser.node_utils import default_id_func
 from llama_index.core.schema import BaseNode, Document, NodeRelationship, RelatedNodeInfo, TextNode
 
+from .._options import StrictOptions
 from ..models import DEFAULT_EMBED_MODEL
+from ..readers.base import DOCUMENT_ONLY_KEYS
 from ..retrievers.node_copy import copy_related
 from ..retrievers.node_identity import check_chunk_ids
 from .metadata import chunk_metadata, excluded_keys
 from .sections import HeadingRules, Section, compile_patterns, detect_headings, headings_from_outline, split_sections
 from .tokenization import BatchTokenSpanFn, batch_token_span_fn
+from .tokenizer_identity import PicklesTokenizer, recorded_tokenizer
 from .windows import TokenSpans, Window, limit_window_chars, plan_span_windows
 
 #: Characters per token of the chunk size that a chunk may hold when ``max_chunk_chars`` is unset.
@@ -75,14 +79,28 @@ def document_batches(nodes: Sequence[BaseNode], max_docs: int, max_chars: int) -
         yield batch
 
 
-class SectionAwareNodeParser(NodeParser):
-    """Base for parsers that cut documents on their sections (not used directly)."""
+class SectionAwareNodeParser(PicklesTokenizer, StrictOptions, NodeParser):
+    """Base for parsers that cut documents on their sections (not used directly).
+
+    Every keyword is a field or ``tokenizer`` (anything else is a TypeError listing them).
+    ``include_metadata=False`` gives chunks the metadata contract only (no document keys).
+    ``id_func`` is refused: chunk ids are deterministic (doc id + span).
+    """
+
+    __init_options__ = ("tokenizer",)
 
     tokenizer_name: str = Field(
         default=DEFAULT_EMBED_MODEL,
         description="Hugging Face tokenizer (model id or local folder) that measures chunk sizes; "
         "the default is the packaged all-MiniLM-L6-v2 embedding model's tokenizer. Ignored when a "
         "`tokenizer` callable is passed.",
+    )
+    tokenizer_callable: Optional[str] = Field(
+        default=None,
+        description="Name of the `tokenizer` callable that measures chunk sizes (set from `tokenizer=`: "
+        "'tiktoken:<encoding>' or 'custom:<module>.<qualname>'); None: `tokenizer_name` measures. Recorded so that "
+        "to_dict(), cache hashes and index manifests tell tokenizers apart; a parser rebuilt from a dict naming one "
+        "needs `tokenizer=` passed again (else a ValueError).",
     )
     heading_patterns: List[str] = Field(
         default_factory=list,
@@ -128,18 +146,27 @@ class SectionAwareNodeParser(NodeParser):
     _span_fn: Optional[BatchTokenSpanFn] = PrivateAttr(default=None)
 
     def __init__(self, tokenizer: Optional[Callable[[str], Sequence]] = None, **data: Any) -> None:
+        data["tokenizer_callable"] = recorded_tokenizer(self.class_name(), tokenizer, data.get("tokenizer_callable"))
         super().__init__(**data)
         compile_patterns(self.heading_patterns)  # fail now, naming the bad pattern
         self._tokenizer = tokenizer
 
     @model_validator(mode="before")
     @classmethod
-    def _drop_serialised_id_func(cls, data: Any) -> Any:
-        """LlamaIndex serialises ``id_func`` as a dict it cannot load back; ids here are
-        deterministic from the span, so a serialised id_func is dropped on load."""
-        if isinstance(data, dict) and isinstance(data.get("id_func"), dict):
-            data = {k: v for k, v in data.items() if k != "id_func"}
-        return data
+    def _check_id_func(cls, data: Any) -> Any:
+        """Chunk ids are deterministic (doc id + kind + span, see ``metadata.chunk_id``): a custom
+        ``id_func`` is refused. LlamaIndex serialises ``id_func`` as a dict it cannot load back; a
+        serialised one (``to_dict()``) is dropped on load."""
+        if not isinstance(data, dict) or "id_func" not in data:
+            return data
+        id_func = data["id_func"]
+        if id_func is None or id_func is default_id_func or isinstance(id_func, dict):
+            return {k: v for k, v in data.items() if k != "id_func"}
+        raise ValueError(
+            f"{cls.__name__} does not take id_func (got {getattr(id_func, '__qualname__', id_func)!r}): chunk ids are "
+            "deterministic, uuid5 of the document id, node kind and character span, so re-parsing a document gives "
+            "the same ids (upserts and caches rely on it). Give documents the ids you want (doc_id metadata) instead"
+        )
 
     # -- pieces used by subclasses -------------------------------------------------------
     def token_spans(self, texts: Sequence[str]) -> List[TokenSpans]:
@@ -204,7 +231,8 @@ class SectionAwareNodeParser(NodeParser):
         ``source`` is ``doc.as_related_node_info()``; pass it in to hash the document once.
         """
         doc_id = doc.metadata.get("doc_id") or doc.node_id
-        meta = chunk_metadata(doc.metadata, doc_id, kind, index, start, end, section.title, section.path)
+        doc_meta = doc.metadata if self.include_metadata else contract_sources(doc.metadata)
+        meta = chunk_metadata(doc_meta, doc_id, kind, index, start, end, section.title, section.path)
         if extra:
             meta.update(extra)
         embed_ex, llm_ex = excluded_keys(
@@ -243,6 +271,12 @@ class SectionAwareNodeParser(NodeParser):
         """
         check_chunk_ids(nodes)
         return nodes
+
+
+def contract_sources(doc_metadata: Dict[str, Any]) -> Dict[str, Any]:
+    """The document keys the metadata contract is computed from (page tables, ``source``): what
+    ``include_metadata=False`` passes on, so chunks carry the contract keys and nothing else."""
+    return {k: v for k, v in doc_metadata.items() if k in DOCUMENT_ONLY_KEYS or k == "source"}
 
 
 def link_prev_next(nodes: Sequence[TextNode]) -> None:

@@ -24,6 +24,8 @@ BOOKKEEPING_KEYS = (
     "parent_id",
     "parent_char_start",
     "parent_char_end",
+    "parent_page_start",
+    "parent_page_end",
     "parent_text",
     "file_name",
     "file_path",
@@ -90,3 +92,24 @@ def excluded_keys(metadata: dict[str, Any], doc_excluded_embed: Sequence[str], d
     llm = [k for k in metadata if k in BOOKKEEPING_KEYS or k == SECTION_HEADER_KEY]
     llm += [k for k in doc_excluded_llm if k in metadata and k not in llm]
     return embed, llm
+
+
+def record_document_ids(nodes: Sequence[Any]) -> int:
+    """Give each node whose metadata lacks ``doc_id`` its document's id (``node.ref_doc_id``), as
+    bookkeeping: never embedded, never shown to the LLM. For chunks of parsers that do not follow
+    the metadata contract (LlamaIndex's ``SentenceSplitter``, ``Settings.node_parser``), so that a
+    ``doc_id`` filter selects them as it selects this package's chunks (and as LlamaIndex's vector
+    stores do) instead of treating the key as missing (``doc_id NIN [...]`` kept every chunk).
+    Changes ``nodes`` in place (the caller's parser made them); returns how many it changed."""
+    changed = 0
+    for node in nodes:
+        metadata = node.metadata
+        doc_id = node.ref_doc_id
+        if metadata.get("doc_id") is not None or doc_id is None:
+            continue
+        metadata["doc_id"] = doc_id
+        for excluded in (node.excluded_embed_metadata_keys, node.excluded_llm_metadata_keys):
+            if "doc_id" not in excluded:
+                excluded.append("doc_id")
+        changed += 1
+    return changed

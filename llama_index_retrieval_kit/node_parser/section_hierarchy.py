@@ -18,8 +18,9 @@ class SectionHierarchyNodeParser(SectionAwareNodeParser):
     Returns parents and children together, like LlamaIndex's ``HierarchicalNodeParser``: index
     the leaves (``get_leaf_nodes``), put every node in the docstore, and LlamaIndex's own
     ``AutoMergingRetriever`` merges children into their parent. Each child also carries
-    ``parent_id``, the parent's span and (with ``store_parent_text``) the parent's text, so a
-    postprocessor can swap a child for its parent without a docstore.
+    ``parent_id``, the parent's span (``parent_char_start``/``parent_char_end``), its pages
+    (``parent_page_start``/``parent_page_end``) and (with ``store_parent_text``) its text, so a
+    postprocessor can swap a child for its parent, and cite the parent's pages, without a docstore.
     """
 
     parent_chunk_size: int = Field(default=1024, gt=0, description="Maximum tokens per parent node.")
@@ -100,6 +101,9 @@ class SectionHierarchyNodeParser(SectionAwareNodeParser):
                         "parent_id": parent.node_id,
                         "parent_char_start": pw.start,
                         "parent_char_end": pw.end,
+                        # the parent's pages, so a child swapped for its parent cites them (ContextAssembler)
+                        "parent_page_start": parent.metadata["page_start"],
+                        "parent_page_end": parent.metadata["page_end"],
                     }
                     if self.store_parent_text:
                         extra["parent_text"] = parent.text

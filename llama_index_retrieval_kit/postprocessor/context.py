@@ -8,9 +8,14 @@ It turns retrieved chunks into the context an LLM reads, within a token budget:
    and the text keeps their headings) become one span. The span's text is rebuilt from the chunks' own texts and
    offsets (``text1 + text2[e1 - s2:]``), which is exact because every chunk of the metadata
    contract satisfies ``doc.text[char_start:char_end] == node.text``: no character of the
-   source is repeated. A gap between chunks of the same parent is filled from ``parent_text``
+   source is repeated. A document is its id and, where known, its file (``file_path``: two
+   files read under one id stay apart), and overlapping chunks merge only where their texts
+   agree. Nodes of LlamaIndex's own parsers (no ``char_start``) use ``start_char_idx`` in their
+   ``ref_doc_id`` document, checked against each other (:func:`drop_inconsistent_offsets`). A gap
+   between chunks of the same parent is filled from ``parent_text``
    (hierarchy children) when it is at most ``max_gap_chars``; other gaps keep separate spans.
-   ``expand_to_parent=True`` replaces each hierarchy child by its parent section.
+   ``expand_to_parent=True`` replaces each hierarchy child by its parent section, citing the
+   parent's pages.
 2. **fill the budget by relevance** (:meth:`ContextAssembler.select`): chunks best first, each
    costing what it adds to the merged context (an overlapping window pays only for its new
    text), so the budget is never spent twice on one source character; a chunk that does not
@@ -22,8 +27,10 @@ It turns retrieved chunks into the context an LLM reads, within a token budget:
    (:func:`cut_at_sentence`'s rule; else a word boundary); either way the cut ends at a
    sentence boundary and stays an exact substring at its offsets. The room left after it goes
    to the next chunks the same way. A span's relevance is its best chunk's score. Tokens are counted with
-   a real tokenizer on the text the LLM reads, hints included: the embedding model's by default
-   (``tokenizer_name``), or any ``str -> list`` callable (``tokenizer=``).
+   a real tokenizer on the text the LLM reads, each node's whole text (hint included) at once:
+   the embedding model's by default (``tokenizer_name``), or any ``str -> list`` callable
+   (``tokenizer=``, e.g. LlamaIndex's ``get_tokenizer()``: ``len(tokenizer(text))``), so the budget
+   holds exactly for that tokenizer.
 3. **order** (:func:`order_spans`, :class:`ContextOrder`): by relevance, in document order, or
    "bookends" - the most relevant spans at the start and the end of the context, because LLMs
    use information in the middle of a long context worst (Liu et al. 2024, "Lost in the
@@ -31,16 +38,20 @@ It turns retrieved chunks into the context an LLM reads, within a token budget:
 
 Each result is a new ``TextNode`` whose text starts with a citation hint
 (:func:`citation_hints`; ``hint_style="full"``: ``[terms.pdf, 3. Fees > 3.2 Late payment, p. 4]``;
-the default ``"compact"`` names the file when it changes, the innermost section (its first
+the default ``"compact"`` names the file when the document changes, the innermost section (its first
 ``hint_title_words`` words) unless the span starts with its heading, and the pages, e.g.
 ``[3.2 Late payment, p.4]``; the hints cost tokens of the budget) followed by the exact source span; its metadata (hidden from the LLM and the embedder) records the document,
 section, pages, span offsets and the chunks it was built from with their scores. What was left
-out (duplicates, over budget) is in :attr:`ContextAssembler.last_report`. Input nodes are never
-changed.
+out (duplicates, over budget) is in the :class:`AssemblyReport` that
+:meth:`ContextAssembler.assemble` returns with the nodes, and in
+:attr:`ContextAssembler.last_report` (the last call of the reader's own thread or task).
+Input nodes are never changed.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import functools
 import logging
 import math
@@ -55,9 +66,11 @@ from llama_index.core.bridge.pydantic import Field, PrivateAttr, field_validator
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import MetadataMode, NodeRelationship, NodeWithScore, QueryBundle, RelatedNodeInfo, TextNode
 
+from .._options import StrictOptions
 from ..models import DEFAULT_EMBED_MODEL
 from ..node_parser.metadata import chunk_id
 from ..node_parser.tokenization import token_span_fn
+from ..node_parser.tokenizer_identity import PicklesTokenizer, recorded_tokenizer
 from ..tracing import trace_assembly, tracing_enabled
 from .._enums import ChoiceEnum
 
@@ -78,8 +91,11 @@ __all__ = [
     "citation_hints",
     "citation_text",
     "cut_at_sentence",
+    "display_names",
+    "drop_inconsistent_offsets",
     "cut_chunk",
     "merge_spans",
+    "node_text",
     "order_spans",
     "page_text",
     "query_idf",
@@ -91,6 +107,11 @@ __all__ = [
 _JOIN_SLACK_TOKENS = 2
 #: Node kind used for the deterministic ids of assembled nodes (uuid5 of doc id + span).
 CONTEXT_NODE_KIND = "context"
+#: Unchecked offsets (LlamaIndex's ``start_char_idx``, see :attr:`Chunk.checked_offsets`) join a
+#: span only on an overlap of at least this many agreeing characters (or the whole shorter text, or
+#: any agreeing overlap between LlamaIndex neighbours): a chance agreement of offsets relative to
+#: two different texts is that unlikely.
+MIN_UNCHECKED_OVERLAP_CHARS = 16
 #: Reasons recorded in :class:`AssemblyReport`.
 OVER_BUDGET = "over budget"
 DUPLICATE_OF = "duplicate of {}"
@@ -98,6 +119,7 @@ DUPLICATE_OF = "duplicate of {}"
 CONTEXT_METADATA_KEYS = (
     "doc_id",
     "file_name",
+    "file_path",
     "source",
     "section_path",
     "section_header",
@@ -161,10 +183,26 @@ class Chunk:
     parent_text: Optional[str] = None
     details: Dict[str, Any] = field(default_factory=dict, compare=False)
     truncated: bool = False  # cut by the token budget
+    file_path: Optional[str] = None  # absolute path of the file read (tells apart two documents of one doc_id)
+    parent_page_start: Optional[int] = None  # pages of the parent section (hierarchy children)
+    parent_page_end: Optional[int] = None
+    #: True: offsets of the metadata contract (``doc.text[char_start:char_end] == text``); False:
+    #: LlamaIndex's ``start_char_idx``/``end_char_idx``, which a chain of parsers makes relative to an
+    #: intermediate node: such chunks join only where their texts agree on a long enough overlap,
+    #: or on any agreeing overlap when LlamaIndex links them as neighbours (:attr:`neighbour_ids`).
+    checked_offsets: bool = True
+    #: Node ids of the chunk's LlamaIndex ``PREVIOUS``/``NEXT`` relationships: consecutive splits of
+    #: one text, whose (even short) agreeing overlap is the splitter's ``chunk_overlap``.
+    neighbour_ids: Tuple[str, ...] = ()
 
     @property
     def has_offsets(self) -> bool:
         return self.start is not None and self.end is not None
+
+    @property
+    def doc_key(self) -> Tuple[str, str]:
+        """The document's identity: its id and, where known, its file (two files may share an id)."""
+        return (self.doc_id, self.file_path or "")
 
 
 @dataclass
@@ -206,6 +244,11 @@ class Span:
         pages = [c.page_end for c in self.chunks if c.page_end is not None]
         return max(pages) if pages else None
 
+    @property
+    def doc_key(self) -> Tuple[str, str]:
+        """:attr:`Chunk.doc_key` of its chunks (one document per span)."""
+        return self.chunks[0].doc_key
+
 
 @dataclass(frozen=True)
 class LeftOut:
@@ -235,12 +278,23 @@ def _int_or_none(value: Any) -> Optional[int]:
 
 
 def chunk_from_result(result: NodeWithScore, rank: int) -> Chunk:
-    """The :class:`Chunk` view of a retrieved result (its node is only read, never changed)."""
+    """The :class:`Chunk` view of a retrieved result (its node is only read, never changed).
+
+    Offsets come from the metadata contract (``char_start``/``char_end``); a node without them
+    (LlamaIndex's own parsers: ``SentenceSplitter``, ...) uses ``start_char_idx``/``end_char_idx``
+    in its ``ref_doc_id`` document, marked unchecked (:attr:`Chunk.checked_offsets`). Offsets whose
+    length is not the text's are dropped (the chunk then joins others only by equal text).
+    """
     node = result.node
     meta = node.metadata or {}
     text = node.get_content(metadata_mode=MetadataMode.NONE)
     start, end = _int_or_none(meta.get("char_start")), _int_or_none(meta.get("char_end"))
-    if start is None or end is None or end - start != len(text):
+    checked = True
+    ref_doc_id = node.ref_doc_id
+    if start is None and end is None and ref_doc_id is not None and meta.get("doc_id") in (None, ref_doc_id):
+        start, end = _int_or_none(node.start_char_idx), _int_or_none(node.end_char_idx)
+        checked = False
+    if start is None or end is None or start < 0 or end - start != len(text):
         start = end = None
     details: Dict[str, Any] = {"score": result.score}
     for name in ("leg_scores", "leg_ranks", "pre_rerank_score", "pre_rerank_rank", "rerank_logit"):
@@ -270,24 +324,80 @@ def chunk_from_result(result: NodeWithScore, rank: int) -> Chunk:
         parent_start=parent_start,
         parent_text=parent_text,
         details=details,
+        file_path=meta.get("file_path") if isinstance(meta.get("file_path"), str) else None,
+        parent_page_start=_int_or_none(meta.get("parent_page_start")) if parent_text is not None else None,
+        parent_page_end=_int_or_none(meta.get("parent_page_end")) if parent_text is not None else None,
+        checked_offsets=checked,
+        neighbour_ids=_neighbour_ids(node),
     )
+
+
+def _neighbour_ids(node: Any) -> Tuple[str, ...]:
+    """Node ids of ``node``'s ``PREVIOUS``/``NEXT`` relationships (LlamaIndex's consecutive splits)."""
+    ids = []
+    for attr in ("prev_node", "next_node"):
+        try:
+            info = getattr(node, attr, None)
+        except ValueError:  # a malformed relationship: no neighbour known
+            info = None
+        node_id = getattr(info, "node_id", None)
+        if isinstance(node_id, str):
+            ids.append(node_id)
+    return tuple(ids)
 
 
 def expand_chunk(chunk: Chunk) -> Chunk:
     """``chunk`` widened to its parent section when it carries ``parent_text`` (else unchanged).
 
-    Pages stay the chunk's: the parent's pages are not in the chunk metadata contract.
+    Pages become the parent's (``parent_page_start``/``parent_page_end``, written by
+    :class:`~..node_parser.section_hierarchy.SectionHierarchyNodeParser`); children of older
+    indexes without them keep their own pages.
     """
     if chunk.parent_text is None or chunk.parent_start is None:
         return chunk
+    pages = {}
+    if chunk.parent_page_start is not None and chunk.parent_page_end is not None:
+        pages = {"page_start": chunk.parent_page_start, "page_end": chunk.parent_page_end}
     return Chunk(
         **{
             **chunk.__dict__,
             "start": chunk.parent_start,
             "end": chunk.parent_start + len(chunk.parent_text),
             "text": chunk.parent_text,
+            **pages,
         }
     )
+
+
+def drop_inconsistent_offsets(chunks: Sequence[Chunk]) -> List[Chunk]:
+    """``chunks`` with the unchecked offsets (:attr:`Chunk.checked_offsets`) of a document dropped
+    when two of its chunks overlap but disagree on the shared text: their offsets are then relative
+    to different texts (LlamaIndex parsers chained, e.g. ``MarkdownNodeParser`` then
+    ``SentenceSplitter``: ``start_char_idx`` counts in the intermediate node). Those chunks keep
+    their text and join others only by equal text, as chunks without offsets do."""
+    by_doc: Dict[Tuple[str, str], List[Chunk]] = {}
+    for c in chunks:
+        if c.has_offsets and not c.checked_offsets:
+            by_doc.setdefault(c.doc_key, []).append(c)
+    inconsistent = set()
+    for key, group in by_doc.items():
+        group.sort(key=lambda c: (c.start, c.end))
+        for i, a in enumerate(group):
+            for b in group[i + 1 :]:
+                if b.start >= a.end:  # type: ignore[operator]
+                    break
+                hi = min(a.end, b.end)  # type: ignore[type-var]
+                if a.text[b.start - a.start : hi - a.start] != b.text[: hi - b.start]:  # type: ignore[operator]
+                    inconsistent.add(key)
+                    break
+            if key in inconsistent:
+                break
+    if not inconsistent:
+        return list(chunks)
+    return [
+        Chunk(**{**c.__dict__, "start": None, "end": None}) if not c.checked_offsets and c.doc_key in inconsistent else c
+        for c in chunks
+    ]
 
 
 def _gap_text(a: Chunk, b: Chunk, start: int, end: int) -> Optional[str]:
@@ -307,10 +417,16 @@ def merge_spans(
     ``duplicates`` maps a dropped chunk's node id to the node id it duplicates: the same node id
     seen earlier, or a chunk whose span (or, without offsets, whose text) another chunk holds
     whole. The duplicate's score still counts for the span that holds it. Chunks of one
-    document merge into one span when their spans overlap, or touch (``e1 == s2``) within one
-    section (in any sections with ``merge_sections``: one hint then covers both), or - when a parent text covers the gap - lie at most ``max_gap_chars`` apart. The
-    merged text is ``text1 + text2[e1 - s2:]`` (exact: chunk texts are ``doc.text[s:e]``), so
-    no source character is repeated. Spans come out by document then offset.
+    document (:attr:`Chunk.doc_key`: id and file) merge into one span when their spans overlap
+    and the overlap's text agrees (``span.text[s2 - s1:] == text2[:e1 - s2]``; two files read
+    under one id disagree, and are never spliced), or touch (``e1 == s2``) within one section (in
+    any sections with ``merge_sections``: one hint then covers both), or - when a parent text
+    covers the gap - lie at most ``max_gap_chars`` apart. Unchecked offsets
+    (:attr:`Chunk.checked_offsets`) join only on an agreeing overlap of at least
+    :data:`MIN_UNCHECKED_OVERLAP_CHARS` characters (or the whole shorter text, or any agreeing
+    overlap with a chunk LlamaIndex links as its previous or next split). The merged text is
+    ``text1 + text2[e1 - s2:]`` (exact: chunk texts are ``doc.text[s:e]``), so no source character
+    is repeated. Spans come out by document then offset.
     """
     duplicates: Dict[str, str] = {}
     seen: Dict[str, Chunk] = {}
@@ -324,13 +440,13 @@ def merge_spans(
 
     spans: List[Span] = []
     contained: set = set()
-    by_text: Dict[Tuple[str, str], Span] = {}
-    by_doc: Dict[str, List[Chunk]] = {}
+    by_text: Dict[Tuple[Tuple[str, str], str], Span] = {}
+    by_doc: Dict[Tuple[str, str], List[Chunk]] = {}
     for c in unique:
         if c.has_offsets:
-            by_doc.setdefault(c.doc_id, []).append(c)
+            by_doc.setdefault(c.doc_key, []).append(c)
             continue
-        key = (c.doc_id, c.text)
+        key = (c.doc_key, c.text)
         if key in by_text:  # the same text without offsets: one span
             by_text[key].chunks.append(c)
             duplicates[c.node_id] = by_text[key].chunks[0].node_id
@@ -339,14 +455,22 @@ def merge_spans(
         by_text[key] = span
         spans.append(span)
 
-    for doc_id in sorted(by_doc):
-        ordered = sorted(by_doc[doc_id], key=lambda c: (c.start, -c.end, c.rank))
+    for doc_key in sorted(by_doc):
+        ordered = sorted(by_doc[doc_key], key=lambda c: (c.start, -c.end, c.rank))
         current: Optional[Span] = None
+        checked = True  # every chunk of ``current`` has checked offsets
         for c in ordered:
             assert c.start is not None and c.end is not None
             if current is not None:
                 assert current.start is not None and current.end is not None
-                if c.end <= current.end:  # held whole by the span
+                trusted = checked and c.checked_offsets
+                shared = current.text[c.start - current.start : min(c.end, current.end) - current.start]
+                agrees = c.start < current.end and c.text.startswith(shared) and (
+                    trusted
+                    or len(shared) >= min(MIN_UNCHECKED_OVERLAP_CHARS, len(c.text))
+                    or _linked(c, current.chunks)
+                )
+                if agrees and c.end <= current.end:  # held whole by the span
                     holder = max(
                         (h for h in current.chunks if h.start <= c.start and c.end <= h.end and h.node_id not in contained),
                         key=lambda h: h.end - h.start,
@@ -356,34 +480,42 @@ def merge_spans(
                         duplicates[c.node_id] = holder.node_id
                         contained.add(c.node_id)
                     current.chunks.append(c)
+                    checked = trusted
                     continue
                 last = current.chunks[-1]
-                if c.start < current.end or (
-                    c.start == current.end and (merge_sections or c.section_path == last.section_path)
+                if agrees or (
+                    trusted and c.start == current.end and (merge_sections or c.section_path == last.section_path)
                 ):
                     current.text += c.text[current.end - c.start :]
                     current.end = c.end
                     current.chunks.append(c)
+                    checked = trusted
                     continue
                 gap = c.start - current.end
-                filler = _gap_text(last, c, current.end, c.start) if 0 < gap <= max_gap_chars else None
+                filler = _gap_text(last, c, current.end, c.start) if trusted and 0 < gap <= max_gap_chars else None
                 if filler is not None and last.parent_id is not None and last.parent_id == c.parent_id:
                     current.text += filler + c.text
                     current.end = c.end
                     current.chunks.append(c)
                     continue
-            current = Span(doc_id, c.start, c.end, c.text, [c], c.section_path)
+            current = Span(c.doc_id, c.start, c.end, c.text, [c], c.section_path)
+            checked = c.checked_offsets
             spans.append(current)
     for span in spans:
         span.section_path = span.best.section_path
     return spans, duplicates
 
 
+def _linked(chunk: Chunk, others: Sequence[Chunk]) -> bool:
+    """True when LlamaIndex links ``chunk`` to one of ``others`` as its previous or next split."""
+    return any(o.node_id in chunk.neighbour_ids or chunk.node_id in o.neighbour_ids for o in others)
+
+
 def _overlaps(chunk: Chunk, others: Sequence[Chunk]) -> bool:
     """True when ``chunk`` shares source text with one of ``others`` (same document, offsets
     overlap; without offsets: the same document at all)."""
     for o in others:
-        if o.doc_id != chunk.doc_id:
+        if o.doc_key != chunk.doc_key:
             continue
         if not (chunk.has_offsets and o.has_offsets):
             return True
@@ -436,25 +568,66 @@ def span_file_name(span: Span) -> str:
     return c.file_name or (os.path.basename(c.source) if c.source else None) or span.doc_id
 
 
+def _path_parts(path: Optional[str]) -> List[str]:
+    return [p for p in re.split(r"[\\/]", path) if p] if path else []
+
+
+def display_names(spans: Sequence[Span]) -> Dict[Tuple[str, str], str]:
+    """The name citations give each document (:attr:`Span.doc_key`) of ``spans``.
+
+    :func:`span_file_name`, unless two documents of ``spans`` share it: then the shortest tail of
+    their paths (``source``, else ``file_path``) that tells them apart (``pdf_a/terms.pdf``), else
+    their doc ids when those differ, else the name and the document's ordinal (``terms.pdf #2``).
+    """
+    first: Dict[Tuple[str, str], Span] = {}
+    for span in spans:
+        first.setdefault(span.doc_key, span)
+    names = {key: span_file_name(span) for key, span in first.items()}
+    groups: Dict[str, List[Tuple[str, str]]] = {}
+    for key, name in names.items():
+        groups.setdefault(name, []).append(key)
+    for name, keys in groups.items():
+        if len(keys) < 2:
+            continue
+        names.update(_distinct_names(name, [first[k] for k in keys]))
+    return names
+
+
+def _distinct_names(name: str, spans: Sequence[Span]) -> Dict[Tuple[str, str], str]:
+    """Names telling apart the documents of ``spans`` (one span each), which all share ``name``."""
+    keys = [s.doc_key for s in spans]
+    for attr in ("source", "file_path"):
+        parts = [_path_parts(getattr(s.best, attr)) for s in spans]
+        for depth in range(2, max(len(p) for p in parts) + 1):
+            tails = ["/".join(p[-depth:]) for p in parts]
+            if all(tails) and len(set(tails)) == len(tails):
+                return dict(zip(keys, tails))
+    if len({s.doc_id for s in spans}) == len(spans):
+        return {s.doc_key: s.doc_id for s in spans}
+    return {key: f"{name} #{i}" for i, key in enumerate(keys, 1)}
+
+
 def citation_hints(ordered: Sequence[Span], compact: bool = False, title_words: int = 0) -> List[str]:
     """The citation hint of each span of ``ordered`` (the spans in context order).
 
     Full: :func:`citation_text` of the file name, section path and pages. ``compact`` is the
     shortest hint that still finds the span: the file name (left out when the previous span
-    cites the same file: the LLM just read it), the innermost section only (left out when the
+    cites the same document: the LLM just read it), the innermost section only (left out when the
     span starts with that section's heading; cut to its first ``title_words`` words and "…" when
     longer, 0: never cut), and pages as ``p.4``/``pp.3-4``. A compact hint never comes out
     empty: with nothing else to say it names the file. Titles wrapped over lines read as one line.
+    Two documents of one context that share a file name are named apart (:func:`display_names`).
     """
     hints: List[str] = []
-    prev_name: Optional[str] = None
+    names = display_names(ordered)
+    prev_key: Optional[Tuple[str, str]] = None
     for span in ordered:
-        name = span_file_name(span)
+        name = names[span.doc_key]
         path = [p for p in span.section_path if p and not p.isspace()]
         if not compact:
             hints.append(citation_text(name, [_one_line(p) for p in path], span.page_start, span.page_end))
             continue
-        shown_name: Optional[str] = None if name == prev_name else name
+        shown_name: Optional[str] = None if span.doc_key == prev_key else name
         title = _one_line(path[-1]) if path else ""
         if not path or _starts_with_heading(span.text, title):
             title = ""  # the span starts with its section heading: the LLM reads it there
@@ -463,8 +636,13 @@ def citation_hints(ordered: Sequence[Span], compact: bool = False, title_words: 
         pages = page_text(span.page_start, span.page_end, compact=True)
         parts = [p for p in (shown_name, title, pages) if p] or [name]
         hints.append(f"[{', '.join(parts)}]")
-        prev_name = name
+        prev_key = span.doc_key
     return hints
+
+
+def node_text(hint: str, span_text: str) -> str:
+    """The text of an assembled node, as the LLM reads it: the hint on its own line, then the span."""
+    return f"{hint}\n{span_text}" if hint else span_text
 
 
 @functools.lru_cache(maxsize=4096)
@@ -498,12 +676,12 @@ def order_spans(spans: Sequence[Span], order: ContextOrder) -> List[Span]:
         return by_relevance
     if order is ContextOrder.BOOKENDS:
         return by_relevance[0::2] + by_relevance[1::2][::-1]
-    doc_rank: Dict[str, int] = {}
+    doc_rank: Dict[Tuple[str, str], int] = {}
     for s in by_relevance:
-        doc_rank.setdefault(s.doc_id, len(doc_rank))
+        doc_rank.setdefault(s.doc_key, len(doc_rank))
     return sorted(
         by_relevance,
-        key=lambda s: (doc_rank[s.doc_id], s.start if s.start is not None else float("inf"), -s.score, s.rank),
+        key=lambda s: (doc_rank[s.doc_key], s.start if s.start is not None else float("inf"), -s.score, s.rank),
     )
 
 
@@ -606,12 +784,13 @@ def best_run(
 
 
 # ------------------------------------------------------------------------------ the postprocessor
-class ContextAssembler(BaseNodePostprocessor):
+class ContextAssembler(PicklesTokenizer, StrictOptions, BaseNodePostprocessor):
     """Turn retrieved chunks into a deduplicated, cited context of at most ``max_tokens`` tokens.
 
     ``postprocess_nodes(nodes, query_str=...)`` returns new nodes whose texts, in order, are
     the context: each starts with a citation hint and holds an exact span of its document.
-    See the module docstring; :attr:`last_report` tells what the last call left out.
+    See the module docstring; :meth:`assemble` returns each call's report, :attr:`last_report`
+    tells what the last call of the reader's thread or task left out.
     """
 
     max_tokens: int = Field(description="Most tokens of context (hints included), counted with the tokenizer.")
@@ -673,16 +852,24 @@ class ContextAssembler(BaseNodePostprocessor):
         description="Hugging Face tokenizer (model id or local folder) that counts tokens; the default is the "
         "packaged all-MiniLM-L6-v2 embedding model's. Ignored when a `tokenizer` callable is passed.",
     )
+    tokenizer_callable: Optional[str] = Field(
+        default=None,
+        description="Name of the `tokenizer` callable that counts the budget (set from `tokenizer=`: "
+        "'tiktoken:<encoding>' or 'custom:<module>.<qualname>'); None: `tokenizer_name` counts. An assembler "
+        "rebuilt from a dict naming one needs `tokenizer=` passed again (else a ValueError).",
+    )
+
+    __init_options__ = ("tokenizer",)
 
     _tokenizer: Optional[Callable[[str], Sequence]] = PrivateAttr(default=None)
     _span_fn: Any = PrivateAttr(default=None)
     _lock: Any = PrivateAttr(default_factory=threading.Lock)
     _last_report: Optional[AssemblyReport] = PrivateAttr(default=None)
+    _context_report: Any = PrivateAttr(default=None)  # ContextVar: the last report of this thread / task
     _terms_fn: Optional[Callable[[str], List[str]]] = PrivateAttr(default=None)
 
     def __init__(self, tokenizer: Optional[Callable[[str], Sequence]] = None, **data: Any) -> None:
-        if tokenizer is not None and not callable(tokenizer):
-            raise ValueError(f"tokenizer must be a callable str -> list of tokens, got {type(tokenizer).__name__}")
+        data["tokenizer_callable"] = recorded_tokenizer(self.class_name(), tokenizer, data.get("tokenizer_callable"))
         super().__init__(**data)
         self._tokenizer = tokenizer
 
@@ -714,8 +901,17 @@ class ContextAssembler(BaseNodePostprocessor):
 
     @property
     def last_report(self) -> Optional[AssemblyReport]:
-        """What the last :meth:`postprocess_nodes` call did (None before the first)."""
-        return self._last_report
+        """What the last :meth:`postprocess_nodes` call did (None before the first).
+
+        Concurrency: the last call made in the reader's own thread or asyncio task (``query`` in a
+        thread pool, ``asyncio.gather`` of ``aquery``), else - the reader made none - the last call
+        of this assembler from anywhere. One assembler serving concurrent queries therefore keeps
+        each query's report apart for the code that ran the query; to hold a report explicitly, call
+        :meth:`assemble` (returns ``(nodes, report)`` for that call), or trace the query
+        (``response.metadata["trace"]``, its "context" stage).
+        """
+        own = self._context_report.get() if self._context_report is not None else None
+        return own if own is not None else self._last_report
 
     # -- tokens ------------------------------------------------------------------------
     def _spans_of(self, text: str) -> Any:
@@ -726,8 +922,14 @@ class ContextAssembler(BaseNodePostprocessor):
         return self._span_fn(text)
 
     def count_tokens(self, text: str) -> int:
-        """Tokens in ``text`` as the budget counts them."""
-        return len(self._spans_of(text)) if text else 0
+        """Tokens in ``text`` as the budget counts them: ``len(tokenizer(text))`` for a ``tokenizer``
+        callable (whitespace and newlines included, exactly as that tokenizer counts them), else the
+        Hugging Face tokenizer's tokens without special tokens."""
+        if not text:
+            return 0
+        if self._tokenizer is not None:
+            return len(self._tokenizer(text))
+        return len(self._spans_of(text))
 
     # -- assembly ----------------------------------------------------------------------
     def _hints(self, ordered: Sequence[Span]) -> List[str]:
@@ -737,15 +939,11 @@ class ContextAssembler(BaseNodePostprocessor):
         return citation_hints(ordered, compact=self.hint_style is HintStyle.COMPACT, title_words=self.hint_title_words)
 
     def _cost(self, spans: Sequence[Span], cache: Dict[str, int]) -> int:
-        """Tokens of the context the spans make, in context order (each hint, its newline and the span text)."""
-        total = 0
+        """Tokens of the context the spans make, in context order: the sum over its nodes of the tokens
+        of each node's whole text (hint, newline and span text, counted as one text: exactly what
+        :meth:`assemble` returns, for any tokenizer)."""
         ordered = order_spans(spans, self.order)
-        for span, hint in zip(ordered, self._hints(ordered)):
-            for text in (f"{hint}\n" if hint else "", span.text):
-                if text not in cache:
-                    cache[text] = self.count_tokens(text)
-                total += cache[text]
-        return total
+        return sum(self._tokens(node_text(hint, span.text), cache) for span, hint in zip(ordered, self._hints(ordered)))
 
     def _best_cut(self, selected: List[Chunk], chunk: Chunk, cache: Dict[str, int]) -> Optional[Chunk]:
         """The longest prefix of ``chunk`` ending at a sentence boundary (else a word boundary)
@@ -753,10 +951,7 @@ class ContextAssembler(BaseNodePostprocessor):
 
         def fits(length: int) -> Optional[Chunk]:
             cut = cut_chunk(chunk, length)
-            if not cut.text or self.count_tokens(cut.text) < self.min_cut_tokens:
-                return None
-            spans, _ = merge_spans(selected + [cut], self.max_gap_chars, self.merge_sections)
-            return cut if self._cost(spans, cache) <= self.max_tokens else None
+            return cut if cut.text and self._fits(selected, cut, cache) is not None else None
 
         def longest(bounds: Sequence[int]) -> Optional[Chunk]:
             bounds = sorted(set(b for b in bounds if 0 < b < len(chunk.text)))
@@ -768,7 +963,8 @@ class ContextAssembler(BaseNodePostprocessor):
                     found, lo = cut, mid + 1
                 else:
                     hi = mid - 1
-            return found
+            # min_cut_tokens applies to the choice (a shorter prefix would be shorter still)
+            return found if found is not None and self._tokens(found.text, cache) >= self.min_cut_tokens else None
 
         return longest(sentence_boundaries(chunk.text)) or longest(word_boundaries(chunk.text))
 
@@ -885,13 +1081,16 @@ class ContextAssembler(BaseNodePostprocessor):
             cache[text] = self.count_tokens(text)
         return cache[text]
 
-    def _node(self, span: Span, hint: str) -> NodeWithScore:
+    def _node(self, span: Span, hint: str, id_doc: str) -> NodeWithScore:
+        """The assembled node of ``span``; its id is uuid5 of ``id_doc`` (the doc id, or the doc id and
+        file when two documents of the context share the id) and the span."""
         best = span.best
-        node_id = chunk_id(span.doc_id, CONTEXT_NODE_KIND, span.start, span.end) if span.start is not None else best.node_id
-        prefix = f"{hint}\n" if hint else ""
+        node_id = chunk_id(id_doc, CONTEXT_NODE_KIND, span.start, span.end) if span.start is not None else best.node_id
+        prefix = node_text(hint, "")
         metadata = {
             "doc_id": span.doc_id,
             "file_name": best.file_name,
+            "file_path": best.file_path,
             "source": best.source,
             "section_path": list(span.section_path),
             "section_header": " > ".join(span.section_path),
@@ -909,7 +1108,7 @@ class ContextAssembler(BaseNodePostprocessor):
         }
         node = TextNode(
             id_=node_id,
-            text=prefix + span.text,
+            text=node_text(hint, span.text),
             metadata=metadata,
             excluded_llm_metadata_keys=list(metadata),
             excluded_embed_metadata_keys=list(metadata),
@@ -920,9 +1119,11 @@ class ContextAssembler(BaseNodePostprocessor):
     def assemble(
         self, nodes: Sequence[NodeWithScore], query_str: Optional[str] = None
     ) -> Tuple[List[NodeWithScore], AssemblyReport]:
-        """The context nodes for ``nodes`` (retrieved for ``query_str``) and the report (see the class docstring)."""
+        """The context nodes for ``nodes`` (retrieved for ``query_str``) and this call's report (see the
+        class docstring): the per-call way to get a report, safe with concurrent calls (not traced,
+        and :attr:`last_report` is left alone)."""
         report = AssemblyReport(max_tokens=self.max_tokens, input_nodes=len(nodes))
-        chunks = [chunk_from_result(r, i) for i, r in enumerate(nodes)]
+        chunks = drop_inconsistent_offsets([chunk_from_result(r, i) for i, r in enumerate(nodes)])
         if self.expand_to_parent:
             chunks = [expand_chunk(c) for c in chunks]
         report.spans = len(merge_spans(chunks, self.max_gap_chars, self.merge_sections)[0])
@@ -932,15 +1133,16 @@ class ContextAssembler(BaseNodePostprocessor):
         report.left_out.extend(LeftOut(i, OVER_BUDGET) for i in over)
 
         out: List[NodeWithScore] = []
-        cache: Dict[str, int] = {}
         ordered = order_spans(spans, self.order)
+        ids_per_doc: Dict[str, set] = {}
+        for span in ordered:
+            ids_per_doc.setdefault(span.doc_id, set()).add(span.doc_key)
         for span, hint in zip(ordered, self._hints(ordered)):
-            result = self._node(span, hint)
+            shared_id = len(ids_per_doc[span.doc_id]) > 1
+            result = self._node(span, hint, "|".join(span.doc_key) if shared_id else span.doc_id)
             out.append(result)
-            for text in (f"{hint}\n" if hint else "", span.text):  # as _cost counts them
-                if text not in cache:
-                    cache[text] = self.count_tokens(text)
-                report.used_tokens += cache[text]
+            # counted on the text the LLM reads, as _cost counted it during selection
+            report.used_tokens += self.count_tokens(result.node.get_content(metadata_mode=MetadataMode.LLM))
             for c in span.chunks:
                 report.merged_into.setdefault(c.node_id, result.node.node_id)
             if span.truncated:
@@ -951,10 +1153,34 @@ class ContextAssembler(BaseNodePostprocessor):
     def _postprocess_nodes(
         self, nodes: List[NodeWithScore], query_bundle: Optional[QueryBundle] = None
     ) -> List[NodeWithScore]:
+        out, report = self._assemble_traced(nodes, query_bundle)
+        self._remember(report)
+        return out
+
+    async def _apostprocess_nodes(
+        self, nodes: List[NodeWithScore], query_bundle: Optional[QueryBundle] = None
+    ) -> List[NodeWithScore]:
+        """As LlamaIndex does (the work in a thread), with the report kept for the awaiting task."""
+        out, report = await asyncio.to_thread(self._assemble_traced, nodes, query_bundle)
+        self._remember(report)
+        return out
+
+    def _remember(self, report: AssemblyReport) -> None:
+        """Make ``report`` :attr:`last_report`: this thread's / task's, and the assembler's."""
+        self._last_report = report
+        if self._context_report is None:
+            with self._lock:
+                if self._context_report is None:
+                    self._context_report = contextvars.ContextVar(f"ContextAssembler.last_report.{id(self)}", default=None)
+        self._context_report.set(report)
+
+    def _assemble_traced(
+        self, nodes: List[NodeWithScore], query_bundle: Optional[QueryBundle]
+    ) -> Tuple[List[NodeWithScore], AssemblyReport]:
+        """:meth:`assemble`, traced when tracing is on."""
         traced = tracing_enabled()
         started = time.perf_counter()
         out, report = self.assemble(nodes, query_bundle.query_str if query_bundle is not None else None)
-        self._last_report = report
         if traced:
             trace_assembly(self, query_bundle, nodes, out, report, started)
         logger.debug(
@@ -966,4 +1192,4 @@ class ContextAssembler(BaseNodePostprocessor):
             report.max_tokens,
             len(report.left_out),
         )
-        return out
+        return out, report

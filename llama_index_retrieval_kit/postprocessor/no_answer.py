@@ -43,6 +43,7 @@ from llama_index.core.bridge.pydantic import Field, PrivateAttr
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
+from .._options import StrictOptions
 from .._files import write_text_atomic
 from ..tracing import trace_gate, tracing_enabled
 from .._enums import ChoiceEnum
@@ -326,6 +327,8 @@ class GateDecision:
 
 
 _CLOSED: contextvars.ContextVar[Optional[GateDecision]] = contextvars.ContextVar("rkit_no_answer", default=None)
+# The metadata of a decision applied to a synthesis in this request, for the chat response that wraps it.
+_APPLIED: contextvars.ContextVar[Optional[Dict[str, Any]]] = contextvars.ContextVar("rkit_no_answer_applied", default=None)
 _HANDLER_LOCK = threading.Lock()
 _HANDLER_INSTALLED = False
 
@@ -380,6 +383,8 @@ def _install_response_handler() -> None:
                 return None
 
             def prepare_to_exit_span(self, id_: str, bound_args: Any, instance: Any = None, result: Any = None, **kwargs: Any) -> None:
+                if isinstance(instance, BaseChatEngine):
+                    mark_chat_response(result)
                 return None
 
             def prepare_to_drop_span(self, id_: str, bound_args: Any, instance: Any = None, err: Any = None, **kwargs: Any) -> None:
@@ -404,6 +409,8 @@ def _discard_at_new_request() -> None:
     """
     if _CLOSED.get() is not None:
         _CLOSED.set(None)
+    if _APPLIED.get() is not None:
+        _APPLIED.set(None)
 
 
 def _mark_retrieval_started() -> None:
@@ -427,6 +434,7 @@ def apply_decision(query: Any, response: Any) -> bool:
     if decision.query_str != _query_text(query) and decision.retrieval_since:
         return False
     _CLOSED.set(None)
+    _APPLIED.set(decision.metadata())
     response.metadata = {**(getattr(response, "metadata", None) or {}), **decision.metadata()}
     if hasattr(response, "response_gen") and response.response_gen is not None:
         text = decision.text
@@ -445,6 +453,19 @@ def apply_decision(query: Any, response: Any) -> bool:
     return True
 
 
+def mark_chat_response(response: Any) -> bool:
+    """Give a chat engine's response (``AgentChatResponse``) the no-answer metadata of the gate
+    decision its synthesis answered with in this request (the query engine's ``Response`` gets it
+    from :func:`apply_decision`; a chat engine builds its own response from the synthesis' text).
+    True when it did; a response without ``metadata`` (streaming chat) is left alone."""
+    applied = _APPLIED.get()
+    if applied is None or not hasattr(response, "metadata"):
+        return False
+    _APPLIED.set(None)
+    response.metadata = {**(response.metadata or {}), **applied}
+    return True
+
+
 def _describe(result: NodeWithScore) -> Dict[str, Any]:
     meta = result.node.metadata or {}
     return {
@@ -457,7 +478,7 @@ def _describe(result: NodeWithScore) -> Dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------ the postprocessor
-class NoAnswerPostprocessor(BaseNodePostprocessor):
+class NoAnswerPostprocessor(StrictOptions, BaseNodePostprocessor):
     """Return no nodes when the answer is probably not among them (calibrated on labelled data).
 
     Build one with :meth:`fit` (labelled results) or :meth:`calibrate` (a retriever and a
@@ -484,6 +505,13 @@ class NoAnswerPostprocessor(BaseNodePostprocessor):
     )
     similarity_cutoff: Optional[float] = Field(
         default=None, description="Optional per-node cutoff on node.score (LlamaIndex SimilarityPostprocessor behaviour)."
+    )
+    feature_top_k: Optional[int] = Field(
+        default=None,
+        ge=1,
+        description="The model reads the first this many results of a query (set by fit: the most results a calibration "
+        "query had); later ones pass through unread, so a larger similarity_top_k than at calibration leaves the "
+        "confidence unchanged. None (gates saved before this field): every result given.",
     )
     no_answer_text: str = Field(default=DEFAULT_NO_ANSWER_TEXT, description="Response text when the gate closes in a query engine.")
     fit_report: Optional[Dict[str, Any]] = Field(default=None, description="Calibration report: AUROC, abstention precision/recall, threshold.")
@@ -523,7 +551,13 @@ class NoAnswerPostprocessor(BaseNodePostprocessor):
 
         ``answerable``/``unanswerable``: ``(query_str, results)`` pairs, results as a retriever
         (or retriever + reranker) of this package returned them. Other keywords are fields
-        (``no_answer_text``, ``similarity_cutoff``). The fit report is in ``fit_report``.
+        (``no_answer_text``, ``similarity_cutoff``, ``feature_top_k``). The fit report is in ``fit_report``.
+
+        The model reads the first ``feature_top_k`` results of a query (default: the most results
+        a calibration query had), here and when it gates: its features (score gaps down to rank 5,
+        the legs' top-10 overlap, ...) depend on how many results it sees, and a gate calibrated on
+        8 results per query and then given 30 kept 17 of the bundled 30 answerable questions
+        instead of 29. Raising ``similarity_top_k`` later leaves its decisions unchanged.
         """
         if isinstance(target_answerable_recall, bool) or not 0.0 < float(target_answerable_recall) <= 1.0:
             raise ValueError(f"target_answerable_recall must be in (0, 1], got {target_answerable_recall!r}")
@@ -541,6 +575,14 @@ class NoAnswerPostprocessor(BaseNodePostprocessor):
                 f"fit needs at least 2 answerable and 2 unanswerable questions, got {len(ans)} and {len(una)} "
                 "(a few hundred of each give a stable threshold)"
             )
+        top_k = kwargs.pop("feature_top_k", None)
+        if top_k is None:
+            top_k = max(1, max(len(nodes) for _, nodes in ans + una))
+        elif isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+            raise ValueError(f"feature_top_k must be a positive int (results the model reads per query), got {top_k!r}")
+        kwargs["feature_top_k"] = top_k
+        ans = [(q, nodes[:top_k]) for q, nodes in ans]
+        una = [(q, nodes[:top_k]) for q, nodes in una]
         feature_set = _common_feature_set([nodes for _, nodes in ans + una])
         X = feature_matrix(ans + una, feature_set)
         y = np.array([1.0] * len(ans) + [0.0] * len(una))
@@ -642,7 +684,7 @@ class NoAnswerPostprocessor(BaseNodePostprocessor):
                 "this NoAnswerPostprocessor has no fitted model: build it with NoAnswerPostprocessor.fit(...), "
                 ".calibrate(retriever, dataset) or .load(path)"
             )
-        nodes = list(nodes)
+        nodes = list(nodes)[: self.feature_top_k]  # the results it was calibrated on (see fit); later ones unread
         if not nodes:
             return 0.0
         feature_set = FeatureSet.from_str(self.feature_set or "")
@@ -720,7 +762,14 @@ class NoAnswerPostprocessor(BaseNodePostprocessor):
             raise ValueError(f"{path}: not a saved NoAnswerPostprocessor (invalid JSON: {exc})") from None
         if not isinstance(data, dict) or data.pop("format", None) != FORMAT:
             raise ValueError(f"{path}: not a saved NoAnswerPostprocessor (expected format {FORMAT!r})")
-        return cls.from_dict(data)
+        gate = cls.from_dict(data)
+        if gate.is_fitted and gate.feature_top_k is None:
+            logger.warning(
+                "%s was saved before gates recorded feature_top_k: it reads every result it is given, so it keeps its "
+                "calibrated recall only at the similarity_top_k it was calibrated with; calibrate it again (or set "
+                "gate.feature_top_k to that similarity_top_k)", path,
+            )
+        return gate
 
 
 def _common_feature_set(results: Sequence[Sequence[NodeWithScore]]) -> FeatureSet:

@@ -15,12 +15,20 @@ Two backends load the same Hugging Face checkpoints (a local folder or a hub nam
 Results are new :class:`RerankedNodeWithScore` objects: ``score`` is the probability, and the
 score and rank each candidate had before reranking (and, for fused results, every leg's score
 and rank) stay on it, so later stages (a no-answer gate, tracing) can read them. The nodes and
-``NodeWithScore`` objects a caller passes in are never changed.
+``NodeWithScore`` objects a caller passes in are never changed. A result whose ``node_id`` repeats an
+earlier one is dropped before scoring (the first occurrence is kept).
 
 Cost is the problem on CPU (docs/reranking.md): candidates can be capped by count
-(``max_candidates``) and by time (``latency_budget_ms``, from a running per-pair cost
-estimate), passages are cut to what the model reads before tokenizing, and loading a model of
-more than ~100M parameters on CPU logs a warning with the CPU recommendation.
+(``max_candidates``) and by time (``latency_budget_ms``, from a running estimate of a model call's
+cost, ``fixed_ms + pairs * per_pair_ms``), passages are cut to what the model reads before
+tokenizing, and loading a model of more than ~100M parameters on CPU logs a warning with the CPU
+recommendation. Pairs longer than ``max_length`` tokens (the model reads only their start) are
+counted in :class:`RerankStats` and logged once per reranker.
+
+One reranker may serve concurrent queries (threads, and ``aquery``, which LlamaIndex runs in
+threads): FlagEmbedding changes its tokenizer's truncation settings on every call, so its calls
+are serialized by a lock; sentence-transformers' ``CrossEncoder`` tokenizes with the same settings
+every time and runs without one.
 
 Heavy imports (torch, transformers, sentence-transformers, FlagEmbedding, onnxruntime) happen
 inside methods, on first use: importing this module does not import torch.
@@ -54,6 +62,7 @@ from llama_index.core.instrumentation.events.rerank import ReRankEndEvent, ReRan
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, QueryBundle
 
+from .._options import StrictOptions
 from ..node_parser.metadata import SECTION_HEADER_KEY
 from ..retrievers.checks import check_positive_int, check_query_text
 from ..retrievers.fusion import FusedNodeWithScore
@@ -72,8 +81,16 @@ LARGE_MODEL_PARAMETERS = 100_000_000
 #: Characters kept per token of ``max_length`` before tokenizing. WordPiece / SentencePiece tokens
 #: of natural text average 3-5 characters, so 16 never cuts text the model would have read.
 MAX_CHARS_PER_TOKEN = 16
-#: Weight of the newest measurement in the running per-pair cost estimate.
+#: Weight of the newest measurement in the running cost estimate (older ones decay by 1 - this per call).
 COST_ESTIMATE_WEIGHT = 0.3
+#: Spread of call sizes (weighted coefficient of variation of pairs per call) needed to tell a call's
+#: fixed cost from its per-pair cost; below it the fixed part keeps its last value.
+MIN_SIZE_SPREAD = 0.1
+#: Smallest per-pair cost an estimate reports (keeps the budget arithmetic finite).
+MIN_PER_PAIR_MS = 1e-3
+#: A tiny pair for the forward passes at load: the first warms the model up (not measured), the
+#: second measures the fixed cost of a call (the starting point of the cost estimate).
+_WARM_UP_PAIRS = (("warm up", "warm up"),)
 #: ONNX's protobuf files hold at most 2 GB; bigger models stay on PyTorch.
 ONNX_MAX_WEIGHT_BYTES = 2_000_000_000
 INSTALL_HINT = "pip install 'llama-index-retrieval-kit[rerank]'"
@@ -114,15 +131,22 @@ class RerankedNodeWithScore(FusedNodeWithScore):
 
 @dataclass(frozen=True)
 class RerankStats:
-    """What one reranking call did (see :attr:`CrossEncoderReranker.last_stats`)."""
+    """What one reranking call did (see :attr:`CrossEncoderReranker.last_stats`).
 
-    candidates: int  # results handed in
-    capped_to: int  # after max_candidates
+    ``candidates`` = ``duplicates_dropped`` + the distinct results, of which the first
+    ``capped_to`` (``max_candidates``) were candidates and the first ``scored`` were scored.
+    """
+
+    candidates: int  # results handed in (repeated node ids included)
+    capped_to: int  # distinct results kept by max_candidates
     scored: int  # pairs the model scored (fewer than capped_to when the latency budget cut)
     returned: int
     scoring_ms: float  # time in the model (tokenizing included), loading excluded
-    per_pair_ms: Optional[float]  # running estimate after this call
+    per_pair_ms: Optional[float]  # running estimate after this call: cost of one more pair in a call
     latency_budget_ms: Optional[float]
+    duplicates_dropped: int = 0  # results whose node_id repeated an earlier result's; dropped before max_candidates
+    truncated: int = 0  # scored pairs longer than max_length tokens: the model read only their start
+    fixed_call_ms: Optional[float] = None  # running estimate after this call: cost of a model call besides its pairs
 
 
 # ------------------------------------------------------------------------------ pure functions
@@ -134,17 +158,21 @@ def sigmoid(logit: float) -> float:
     return z / (1.0 + z)
 
 
-def cap_candidates(n_candidates: int, per_pair_ms: float, budget_ms: float, minimum: int = 0) -> int:
-    """How many of ``n_candidates`` pairs fit in ``budget_ms`` at ``per_pair_ms`` each.
+def cap_candidates(n_candidates: int, per_pair_ms: float, budget_ms: float, minimum: int = 0, fixed_ms: float = 0.0) -> int:
+    """How many of ``n_candidates`` pairs fit in ``budget_ms`` in one call costing ``fixed_ms + n * per_pair_ms``.
 
-    Never fewer than ``minimum`` (capped at ``n_candidates``) and never more than ``n_candidates``;
-    a budget already spent (<= 0) leaves only the minimum.
+    ``n = floor((budget_ms - fixed_ms) / per_pair_ms)``, never fewer than ``minimum`` (capped at
+    ``n_candidates``) and never more than ``n_candidates``; a budget that does not cover the fixed
+    cost leaves only the minimum.
     """
     if n_candidates < 0 or minimum < 0:
         raise ValueError(f"n_candidates and minimum must be >= 0, got {n_candidates!r} and {minimum!r}")
     if not (per_pair_ms > 0 and math.isfinite(per_pair_ms)):
         raise ValueError(f"per_pair_ms must be a finite number > 0, got {per_pair_ms!r}")
-    fitting = int(budget_ms // per_pair_ms) if budget_ms > 0 else 0
+    if not (fixed_ms >= 0 and math.isfinite(fixed_ms)):
+        raise ValueError(f"fixed_ms must be a finite number >= 0, got {fixed_ms!r}")
+    left = budget_ms - fixed_ms
+    fitting = int(left // per_pair_ms) if left > 0 else 0
     return min(n_candidates, max(minimum, fitting))
 
 
@@ -153,6 +181,118 @@ def running_estimate(previous: Optional[float], measured: float, weight: float =
     if previous is None:
         return measured
     return (1.0 - weight) * previous + weight * measured
+
+
+@dataclass(frozen=True)
+class CallCostEstimate:
+    """Estimated time of one model call on ``n`` pairs: ``fixed_ms + n * per_pair_ms``.
+
+    Made by :func:`update_call_cost` from measured calls; the ``*_sum`` fields are the
+    exponentially weighted sums it fits the line to (``weight`` = sum of the weights).
+    """
+
+    fixed_ms: float
+    per_pair_ms: float
+    weight: float = 0.0
+    pairs_sum: float = 0.0
+    pairs_sq_sum: float = 0.0
+    ms_sum: float = 0.0
+    pairs_ms_sum: float = 0.0
+
+    def call_ms(self, pairs: int) -> float:
+        """Predicted milliseconds of one call on ``pairs`` pairs."""
+        return self.fixed_ms + pairs * self.per_pair_ms
+
+
+def fit_call_cost(
+    weight: float, pairs_sum: float, pairs_sq_sum: float, ms_sum: float, pairs_ms_sum: float, fixed_before: float
+) -> Tuple[float, float]:
+    """``(fixed_ms, per_pair_ms)`` of the weighted least-squares line ``ms = fixed + pairs * per_pair``.
+
+    From weighted sums over calls (``weight`` = sum w, ``pairs_sum`` = sum w*n, ``pairs_sq_sum`` =
+    sum w*n^2, ``ms_sum`` = sum w*t, ``pairs_ms_sum`` = sum w*n*t). When the calls' sizes are too
+    alike to separate the two parts (coefficient of variation of n below :data:`MIN_SIZE_SPREAD`) or
+    the slope is not positive (noise), the fixed part stays ``fixed_before`` (0 if that is not below
+    the mean call time) and ``per_pair = (mean t - fixed) / mean n``. A negative intercept gives
+    ``fixed = 0`` and the line through the origin. ``per_pair`` is at least :data:`MIN_PER_PAIR_MS`.
+    """
+    if not weight > 0 or not pairs_sum > 0:
+        raise ValueError(f"weight and pairs_sum must be > 0 (at least one measured call), got {weight!r} and {pairs_sum!r}")
+    mean_pairs, mean_ms = pairs_sum / weight, ms_sum / weight
+    var_pairs = max(0.0, pairs_sq_sum / weight - mean_pairs * mean_pairs)
+    if var_pairs >= (MIN_SIZE_SPREAD * mean_pairs) ** 2:
+        slope = (pairs_ms_sum / weight - mean_pairs * mean_ms) / var_pairs
+        if slope > 0:
+            intercept = mean_ms - slope * mean_pairs
+            if intercept >= 0:
+                return intercept, max(MIN_PER_PAIR_MS, slope)
+            return 0.0, max(MIN_PER_PAIR_MS, pairs_ms_sum / pairs_sq_sum)
+    fixed = fixed_before if 0 <= fixed_before < mean_ms else 0.0
+    return fixed, max(MIN_PER_PAIR_MS, (mean_ms - fixed) / mean_pairs)
+
+
+def update_call_cost(
+    previous: Optional[CallCostEstimate],
+    pairs: int,
+    elapsed_ms: float,
+    fixed_prior_ms: float = 0.0,
+    weight: float = COST_ESTIMATE_WEIGHT,
+) -> CallCostEstimate:
+    """The estimate after a call of ``pairs`` pairs took ``elapsed_ms``.
+
+    Older calls' weights are multiplied by ``1 - weight`` (the new call has weight 1), then the
+    line is refitted (:func:`fit_call_cost`). ``fixed_prior_ms`` (the fixed cost measured at load)
+    is the fixed part until calls of different sizes separate it.
+    """
+    if isinstance(pairs, bool) or not isinstance(pairs, int) or pairs < 1:
+        raise ValueError(f"pairs must be an int >= 1, got {pairs!r}")
+    if not (elapsed_ms >= 0 and math.isfinite(elapsed_ms)):
+        raise ValueError(f"elapsed_ms must be a finite number >= 0, got {elapsed_ms!r}")
+    if not 0 < weight <= 1:
+        raise ValueError(f"weight must be in (0, 1], got {weight!r}")
+    keep = 0.0 if previous is None else 1.0 - weight
+    old = previous or CallCostEstimate(fixed_ms=max(0.0, fixed_prior_ms), per_pair_ms=MIN_PER_PAIR_MS)
+    sums = (
+        keep * old.weight + 1.0,
+        keep * old.pairs_sum + pairs,
+        keep * old.pairs_sq_sum + pairs * pairs,
+        keep * old.ms_sum + elapsed_ms,
+        keep * old.pairs_ms_sum + pairs * elapsed_ms,
+    )
+    fixed_ms, per_pair_ms = fit_call_cost(*sums, fixed_before=old.fixed_ms)
+    return CallCostEstimate(fixed_ms, per_pair_ms, *sums)
+
+
+def first_occurrences(nodes: Sequence[NodeWithScore]) -> List[int]:
+    """Positions (0-based) of the results whose ``node_id`` did not occur earlier in ``nodes``."""
+    seen: set = set()
+    positions = []
+    for i, result in enumerate(nodes):
+        node_id = result.node.node_id
+        if node_id not in seen:
+            seen.add(node_id)
+            positions.append(i)
+    return positions
+
+
+def count_truncated(pair_tokens: Sequence[int], max_length: int, cut_by_chars: Sequence[bool] = ()) -> int:
+    """Pairs the model does not read whole: more than ``max_length`` tokens (specials included), or cut by characters."""
+    cut = list(cut_by_chars) + [False] * (len(pair_tokens) - len(cut_by_chars))
+    return sum(1 for tokens, was_cut in zip(pair_tokens, cut) if was_cut or tokens > max_length)
+
+
+def truncation_warning(model: str, truncated: int, scored: int, max_length: int, model_limit: Optional[int]) -> str:
+    """The warning logged the first time a reranker truncates passages."""
+    if model_limit is not None and model_limit <= max_length:
+        advice = "max_length is this model's limit, so split documents into smaller chunks (or use a model that reads more)"
+    else:
+        room = f" (this model reads up to {model_limit})" if model_limit is not None else ""
+        advice = f"raise max_length{room} or split documents into smaller chunks"
+    return (
+        f"reranker {model!r}: {truncated} of {scored} (query, passage) pairs are longer than max_length={max_length} "
+        f"tokens; the model read only their start, so what a passage says after that does not count: {advice}. "
+        "RerankStats.truncated counts them on every call; see docs/reranking.md. (Logged once per reranker.)"
+    )
 
 
 def max_passage_chars(max_length: int) -> int:
@@ -225,12 +365,19 @@ def resolve_device(device: str) -> str:
 
 
 def reranked_results(
-    candidates: Sequence[NodeWithScore], logits: Sequence[float], top_n: int
+    candidates: Sequence[NodeWithScore],
+    logits: Sequence[float],
+    top_n: int,
+    input_ranks: Optional[Sequence[int]] = None,
 ) -> List[RerankedNodeWithScore]:
     """New results for the first ``len(logits)`` candidates, best probability first, cut to ``top_n``.
 
     Ties (equal logits) keep the input order. The new objects point at the same node objects.
+    ``input_ranks``: each candidate's position (1 = first) in the caller's list, when ``candidates``
+    is not that list itself (e.g. after dropping repeated node ids); default ``i + 1``.
     """
+    if input_ranks is not None and len(input_ranks) < len(logits):
+        raise ValueError(f"input_ranks has {len(input_ranks)} entries for {len(logits)} scored candidates")
     order = sorted(range(len(logits)), key=lambda i: (-logits[i], i))[:top_n]
     results = []
     for i in order:
@@ -241,7 +388,7 @@ def reranked_results(
                 score=sigmoid(float(logits[i])),
                 rerank_logit=float(logits[i]),
                 pre_rerank_score=candidate.score,
-                pre_rerank_rank=i + 1,
+                pre_rerank_rank=i + 1 if input_ranks is None else int(input_ranks[i]),
                 leg_ranks=dict(getattr(candidate, "leg_ranks", None) or {}),
                 leg_scores=dict(getattr(candidate, "leg_scores", None) or {}),
             )
@@ -250,8 +397,43 @@ def reranked_results(
 
 
 # ------------------------------------------------------------------------------ backends
+class _PairTokenCounter:
+    """Tokens of whole (query, passage) pairs, special tokens included, never truncated.
+
+    Uses its own copy of the model's tokenizer: a Hugging Face fast tokenizer keeps its truncation
+    setting in shared state, which the backends set for scoring and this counter must not change.
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        import copy
+
+        self._tokenizer = copy.deepcopy(tokenizer)
+        self._lock = threading.Lock()
+
+    def lengths(self, pairs: Sequence[Tuple[str, str]]) -> List[int]:
+        if not pairs:
+            return []
+        with self._lock:
+            encoded = self._tokenizer(
+                [q for q, _ in pairs],
+                [p for _, p in pairs],
+                truncation=False,
+                padding=False,
+                add_special_tokens=True,
+                return_attention_mask=False,
+                return_token_type_ids=False,
+                verbose=False,
+            )
+        return [len(ids) for ids in encoded["input_ids"]]
+
+
 class _SentenceTransformersScorer:
-    """``sentence_transformers.CrossEncoder`` logits, in PyTorch or (``onnx``) ONNX Runtime."""
+    """``sentence_transformers.CrossEncoder`` logits, in PyTorch or (``onnx``) ONNX Runtime.
+
+    No lock: ``CrossEncoder`` tokenizes with the same settings on every call, so the tokenizer's
+    shared truncation state is set once and only read afterwards; the PyTorch and ONNX Runtime
+    forward passes are thread-safe.
+    """
 
     def __init__(self, settings: "CrossEncoderReranker", device: str, fp16: bool) -> None:
         import torch
@@ -270,6 +452,7 @@ class _SentenceTransformersScorer:
             self.cross_encoder.half()
         self.hf_model = self.cross_encoder.model
         self.n_parameters = sum(p.numel() for p in self.hf_model.parameters())
+        self.token_counter = _PairTokenCounter(self.cross_encoder.tokenizer)
         self.engine = "torch-fp16" if fp16 else "torch"
         self._session: Any = None
         self._input_names: List[str] = []
@@ -401,7 +584,13 @@ def export_sequence_classifier(hf_model: Any, input_names: List[str], sample: Di
 
 
 class _FlagEmbeddingScorer:
-    """``FlagEmbedding.FlagReranker`` logits (``normalize=False``)."""
+    """``FlagEmbedding.FlagReranker`` logits (``normalize=False``), one call at a time.
+
+    ``compute_score`` (FlagEmbedding 1.4.2, ``encoder_only/base.py``) tokenizes the queries and the
+    passages with different ``max_length`` / truncation settings, which a fast tokenizer keeps in
+    shared state; two calls at once mix them up (wrong logits, or "Truncation error: Second sequence
+    not provided"), so calls hold a lock.
+    """
 
     def __init__(self, settings: "CrossEncoderReranker", device: str, fp16: bool) -> None:
         from .._extras import require_extra
@@ -428,12 +617,15 @@ class _FlagEmbeddingScorer:
         )
         self.hf_model = self.reranker.model
         self.n_parameters = sum(p.numel() for p in self.hf_model.parameters())
+        self.token_counter = _PairTokenCounter(self.reranker.tokenizer)
         self.engine = "flag-fp16" if fp16 else "flag"
+        self._lock = threading.Lock()
 
     def logits(self, pairs: List[Tuple[str, str]]) -> List[float]:
-        scores = self.reranker.compute_score(
-            [list(p) for p in pairs], batch_size=self.batch_size, max_length=self.max_length, normalize=False
-        )
+        with self._lock:
+            scores = self.reranker.compute_score(
+                [list(p) for p in pairs], batch_size=self.batch_size, max_length=self.max_length, normalize=False
+            )
         if isinstance(scores, (int, float)):
             scores = [scores]
         return [float(s) for s in scores]
@@ -445,7 +637,7 @@ _MODEL_FIELDS = frozenset(
 
 
 # ------------------------------------------------------------------------------ the postprocessor
-class CrossEncoderReranker(BaseNodePostprocessor):
+class CrossEncoderReranker(StrictOptions, BaseNodePostprocessor):
     """Rerank retrieved nodes with a cross-encoder; ``score`` becomes its sigmoid probability.
 
     Each candidate ``(query, passage)`` pair gets the model's logit ``z``; results carry
@@ -455,9 +647,12 @@ class CrossEncoderReranker(BaseNodePostprocessor):
     ``pre_rerank_score`` / ``pre_rerank_rank`` (and a fused input's ``leg_scores`` /
     ``leg_ranks``); the input objects and nodes are not changed.
 
-    Candidates after ``max_candidates`` are not scored and not returned; ``latency_budget_ms``
-    scores fewer when the running per-pair cost says they would not fit (never fewer than
-    ``top_n``). The model loads on first use (or :meth:`load`) and is not part of ``to_dict()``.
+    A result whose ``node_id`` repeats an earlier one is dropped first (the first occurrence is
+    kept, with its input rank). Candidates after ``max_candidates`` are not scored and not
+    returned; ``latency_budget_ms`` scores fewer when the running call cost estimate says they
+    would not fit (never fewer than ``top_n``). Pairs longer than ``max_length`` tokens are counted
+    (``last_stats.truncated``) and logged once. One object may serve concurrent queries. The
+    model loads on first use (or :meth:`load`) and is not part of ``to_dict()``.
     Emits LlamaIndex's ``ReRankStartEvent`` / ``ReRankEndEvent`` inside the postprocessor's span.
     """
 
@@ -475,18 +670,20 @@ class CrossEncoderReranker(BaseNodePostprocessor):
     top_n: int = Field(default=5, description="Number of results returned, best first.")
     max_candidates: Optional[int] = Field(
         default=50,
-        description="Score only the first this many candidates (in input order); None scores all. The rest are dropped.",
+        description="Score only the first this many candidates (in input order, after dropping repeated node ids); "
+        "None scores all. The rest are dropped.",
     )
     latency_budget_ms: Optional[float] = Field(
         default=None,
-        description="Time for scoring one query; candidates are capped to what fits, from a running per-pair cost "
-        "estimate (the first call measures it on the first top_n pairs). Never fewer than top_n are scored. None: no cap.",
+        description="Time for scoring one query; candidates are capped to what fits, from a running estimate of a "
+        "model call's cost (fixed + per pair; the first call measures it on the first top_n pairs). Never fewer than "
+        "top_n are scored. None: no cap.",
     )
     batch_size: int = Field(default=32, description="Pairs per forward pass.")
     max_length: int = Field(
         default=512,
         description="Tokens the model reads per (query, passage) pair; longer passages are truncated "
-        "(and cut to max_length * 16 characters before tokenizing).",
+        "(and cut to max_length * 16 characters before tokenizing), counted in last_stats.truncated and logged once.",
     )
     device: str = Field(
         default="auto", description=f"Where the model runs: one of {', '.join(DEVICE_CHOICES)} (auto: GPU when present)."
@@ -513,9 +710,12 @@ class CrossEncoderReranker(BaseNodePostprocessor):
 
     _scorer: Any = PrivateAttr(default=None)
     _load_lock: Any = PrivateAttr(default_factory=threading.Lock)
-    _per_pair_ms: Optional[float] = PrivateAttr(default=None)
+    _cost: Optional[CallCostEstimate] = PrivateAttr(default=None)
+    _fixed_prior_ms: float = PrivateAttr(default=0.0)
+    _model_limit: Optional[int] = PrivateAttr(default=None)
     _last_stats: Optional[RerankStats] = PrivateAttr(default=None)
     _budget_warned: bool = PrivateAttr(default=False)
+    _truncation_warned: bool = PrivateAttr(default=False)
 
     @classmethod
     def class_name(cls) -> str:
@@ -600,7 +800,8 @@ class CrossEncoderReranker(BaseNodePostprocessor):
         super().__setattr__(name, value)
         if name in _MODEL_FIELDS and getattr(self, "__pydantic_private__", None) is not None:
             self._scorer = None  # a model setting changed: load again on next use
-            self._per_pair_ms = None
+            self._cost = None
+            self._truncation_warned = False
 
     # -- model
     def load(self) -> "CrossEncoderReranker":
@@ -624,8 +825,13 @@ class CrossEncoderReranker(BaseNodePostprocessor):
 
     @property
     def per_pair_ms(self) -> Optional[float]:
-        """Running estimate of the scoring cost of one pair (None before the first scoring)."""
-        return self._per_pair_ms
+        """Running estimate of the cost of one more pair in a model call (None before the first scoring)."""
+        return None if self._cost is None else self._cost.per_pair_ms
+
+    @property
+    def fixed_call_ms(self) -> Optional[float]:
+        """Running estimate of a model call's cost besides its pairs (None before the first scoring)."""
+        return None if self._cost is None else self._cost.fixed_ms
 
     @property
     def last_stats(self) -> Optional[RerankStats]:
@@ -649,6 +855,7 @@ class CrossEncoderReranker(BaseNodePostprocessor):
         limit = max_input_tokens(config)
         if limit is not None and self.max_length > limit:
             raise ValueError(f"max_length={self.max_length} is more than {self.model!r} reads; allowed: 8 to {limit} tokens")
+        self._model_limit = limit
         if getattr(config, "num_labels", 1) != 1:
             raise ValueError(
                 f"{self.model!r} has num_labels={config.num_labels}; a reranker needs a one-logit cross-encoder (num_labels=1)"
@@ -662,6 +869,7 @@ class CrossEncoderReranker(BaseNodePostprocessor):
             scorer: Any = _FlagEmbeddingScorer(self, device, fp16)
         else:
             scorer = _SentenceTransformersScorer(self, device, fp16)
+        self._fixed_prior_ms = self._warm_up(scorer)
         logger.info(
             "reranker %s loaded in %.1f s (%s, %s, %.0fM parameters)",
             self.model, time.perf_counter() - started, device, scorer.engine, scorer.n_parameters / 1e6,
@@ -670,6 +878,14 @@ class CrossEncoderReranker(BaseNodePostprocessor):
         if message:
             logger.warning(message)
         return scorer
+
+    def _warm_up(self, scorer: Any) -> float:
+        """Two forward passes on a tiny pair: the first pays one-off start-up costs (not measured),
+        the second's time is the fixed cost of a call the estimate starts from."""
+        scorer.logits(list(_WARM_UP_PAIRS))
+        started = time.perf_counter()
+        scorer.logits(list(_WARM_UP_PAIRS))
+        return (time.perf_counter() - started) * 1000
 
     # -- reranking
     def _postprocess_nodes(
@@ -702,25 +918,43 @@ class CrossEncoderReranker(BaseNodePostprocessor):
 
     def _rerank(self, query: str, nodes: List[NodeWithScore]) -> List[RerankedNodeWithScore]:
         if not nodes:
-            self._last_stats = RerankStats(0, 0, 0, 0, 0.0, self._per_pair_ms, self.latency_budget_ms)
+            self._last_stats = RerankStats(
+                0, 0, 0, 0, 0.0, self.per_pair_ms, self.latency_budget_ms, fixed_call_ms=self.fixed_call_ms
+            )
             return []
         scorer = self._ensure_scorer()
-        pool = nodes if self.max_candidates is None else nodes[: self.max_candidates]
+        distinct = first_occurrences(nodes)
+        duplicates = len(nodes) - len(distinct)
+        positions = distinct if self.max_candidates is None else distinct[: self.max_candidates]
+        pool = [nodes[i] for i in positions]
         max_chars = max_passage_chars(self.max_length)
-        pairs = [(query, passage_text(n.node, self.section_prefix, max_chars)) for n in pool]
+        texts = [passage_text(n.node, self.section_prefix) for n in pool]
+        pairs = [(query, text[:max_chars]) for text in texts]
         logits, scoring_ms = self._score_within_budget(scorer, pairs)
-        results = reranked_results(pool, logits, self.top_n)
+        scored = len(logits)
+        truncated = count_truncated(
+            scorer.token_counter.lengths(pairs[:scored]), self.max_length, [len(t) > max_chars for t in texts[:scored]]
+        )
+        results = reranked_results(pool, logits, self.top_n, input_ranks=[i + 1 for i in positions])
         self._last_stats = RerankStats(
             candidates=len(nodes),
             capped_to=len(pool),
-            scored=len(logits),
+            scored=scored,
             returned=len(results),
             scoring_ms=scoring_ms,
-            per_pair_ms=self._per_pair_ms,
+            per_pair_ms=self.per_pair_ms,
             latency_budget_ms=self.latency_budget_ms,
+            duplicates_dropped=duplicates,
+            truncated=truncated,
+            fixed_call_ms=self.fixed_call_ms,
         )
-        if len(logits) < len(pool):
-            logger.debug("latency budget %.0f ms: scored %d of %d candidates", self.latency_budget_ms, len(logits), len(pool))
+        if duplicates:
+            logger.debug("dropped %d results whose node_id repeated an earlier one", duplicates)
+        if scored < len(pool):
+            logger.debug("latency budget %.0f ms: scored %d of %d candidates", self.latency_budget_ms, scored, len(pool))
+        if truncated and not self._truncation_warned:
+            self._truncation_warned = True
+            logger.warning(truncation_warning(self.model, truncated, scored, self.max_length, self._model_limit))
         return results
 
     def _score_within_budget(self, scorer: Any, pairs: List[Tuple[str, str]]) -> Tuple[List[float], float]:
@@ -728,30 +962,35 @@ class CrossEncoderReranker(BaseNodePostprocessor):
         logits: List[float] = []
         started = time.perf_counter()
 
-        def score(chunk: List[Tuple[str, str]]) -> None:
+        def score(chunk: List[Tuple[str, str]]) -> CallCostEstimate:
             chunk_start = time.perf_counter()
             out = scorer.logits(chunk)
             if len(out) != len(chunk):
                 raise RuntimeError(f"the {self.backend.value} backend returned {len(out)} scores for {len(chunk)} pairs")
-            self._per_pair_ms = running_estimate(self._per_pair_ms, (time.perf_counter() - chunk_start) * 1000 / len(chunk))
+            elapsed_ms = (time.perf_counter() - chunk_start) * 1000
+            # One new object replaces the old: a concurrent call may drop a measurement, never mix two.
+            self._cost = cost = update_call_cost(self._cost, len(chunk), elapsed_ms, fixed_prior_ms=self._fixed_prior_ms)
             logits.extend(out)
+            return cost
 
         budget = self.latency_budget_ms
         if budget is None:
             score(pairs)
-        else:
-            floor = min(self.top_n, len(pairs))
-            if self._per_pair_ms is None:  # no estimate yet: measure on the pairs that are scored anyway
-                score(pairs[:floor])
-            spent = (time.perf_counter() - started) * 1000
-            assert self._per_pair_ms is not None
-            if not self._budget_warned and floor * self._per_pair_ms > budget:
-                self._budget_warned = True
-                logger.warning(
-                    "latency_budget_ms=%.0f is below the cost of top_n=%d pairs (~%.0f ms each with %s): scoring %d anyway",
-                    budget, self.top_n, self._per_pair_ms, self.model, floor,
-                )
-            more = cap_candidates(len(pairs) - len(logits), self._per_pair_ms, budget - spent, minimum=max(0, floor - len(logits)))
-            if more:
-                score(pairs[len(logits) : len(logits) + more])
+            return logits, (time.perf_counter() - started) * 1000
+        floor = min(self.top_n, len(pairs))
+        cost = self._cost
+        if cost is None:  # no estimate yet: measure on the pairs that are scored anyway
+            cost = score(pairs[:floor])
+        spent = (time.perf_counter() - started) * 1000
+        if not self._budget_warned and cost.call_ms(floor) > budget:
+            self._budget_warned = True
+            logger.warning(
+                "latency_budget_ms=%.0f is below the cost of top_n=%d pairs (~%.0f ms with %s): scoring %d anyway",
+                budget, self.top_n, cost.call_ms(floor), self.model, floor,
+            )
+        more = cap_candidates(
+            len(pairs) - len(logits), cost.per_pair_ms, budget - spent, minimum=max(0, floor - len(logits)), fixed_ms=cost.fixed_ms
+        )
+        if more:
+            score(pairs[len(logits) : len(logits) + more])
         return logits, (time.perf_counter() - started) * 1000

@@ -10,6 +10,7 @@ _EXPORTS = {
     "DocumentReadError": ".base",
     "FileReadError": ".base",
     "ReadFailure": ".base",
+    "folder_doc_id": ".base",
     "PagedPDFReader": ".pdf",
     "DocumentFolderReader": ".text",
     "MarkdownReader": ".text",
@@ -24,11 +25,12 @@ __all__ = [
     "DocumentReadError",
     "FileReadError",
     "ReadFailure",
+    "folder_doc_id",
 ]
 
 __getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
 
 if TYPE_CHECKING:  # the real imports, for type checkers and IDEs
-    from .base import DocumentReadError, FileReadError, ReadFailure
+    from .base import DocumentReadError, FileReadError, ReadFailure, folder_doc_id
     from .pdf import PagedPDFReader
     from .text import DocumentFolderReader, MarkdownReader, TextFileReader

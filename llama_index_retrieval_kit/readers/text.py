@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, List, Optional
 
-from llama_index.core.bridge.pydantic import Field, model_validator
+from llama_index.core.bridge.pydantic import Field
 from llama_index.core.schema import Document
 
 from .base import FileReader, FileReadError, base_metadata
@@ -20,25 +20,7 @@ from .pdf import PagedPDFReader
 logger = logging.getLogger(__name__)
 
 
-class _StrictOptions:
-    """Mixin for readers: a constructor keyword that is not a field is refused (``TypeError``
-    naming the allowed ones), never silently ignored (pydantic's default)."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _refuse_unknown_options(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            fields = cls.model_fields  # type: ignore[attr-defined]
-            unknown = sorted(str(k) for k in data if k not in fields)
-            if unknown:
-                raise TypeError(
-                    f"{cls.__name__} got unknown option(s) {', '.join(map(repr, unknown))}; "
-                    f"allowed: {', '.join(name for name in fields if name != 'is_remote')}"
-                )
-        return data
-
-
-class TextFileReader(_StrictOptions, FileReader):
+class TextFileReader(FileReader):
     """Read a UTF-8 text file into one Document (a text file is one page)."""
 
     encoding: str = Field(default="utf-8", description="Text encoding of the files.")
@@ -148,7 +130,7 @@ class FolderListing:
     unsupported: List[Path]
 
 
-class DocumentFolderReader(_StrictOptions, FileReader):
+class DocumentFolderReader(FileReader):
     """Read every PDF, Markdown and text file of a folder, picking the reader by suffix.
 
     Suffixes (any case): ``.pdf`` (:class:`~.pdf.PagedPDFReader`, with this reader's PDF

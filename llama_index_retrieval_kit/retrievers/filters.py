@@ -4,9 +4,14 @@ Semantics follow LlamaIndex's ``SimpleVectorStore`` (``build_metadata_filter_fn`
 ``MetadataFilters``:
 
 * a missing key (or a ``None`` value) matches only ``NE`` and ``NIN`` (and ``IS_EMPTY``);
+* values are compared as the index stores them (JSON: a tuple is a list, :func:`as_stored`);
+* ``ref_doc_id`` / ``document_id`` read ``metadata["doc_id"]`` when the chunk has no value of its
+  own under them (:data:`DOCUMENT_ID_ALIASES`: LlamaIndex's vector stores put the document id there);
 * ``IN``/``NIN``: the metadata value is (not) one of the filter's list;
 * ``CONTAINS``: the filter value is in the metadata value (list membership, or substring when
-  the metadata value is a string); ``ANY``/``ALL``: any/all filter values are in the metadata list;
+  the metadata value is a string); ``ANY``/``ALL``: any/all filter values are in the metadata list,
+  or, for a single metadata value, it equals any / each of them (as Qdrant's ``MatchAny`` reads a
+  keyword field: ``NOT tenant ANY ["a"]`` excludes tenant ``"a"``, which it once kept);
 * ``TEXT_MATCH``: the filter string is a substring of the metadata string (case-sensitive);
   ``TEXT_MATCH_INSENSITIVE`` ignores case;
 * conditions: ``AND`` (default when None), ``OR``, and ``NOT`` = "none of the sub-filters match".
@@ -15,7 +20,7 @@ Semantics follow LlamaIndex's ``SimpleVectorStore`` (``build_metadata_filter_fn`
 
 Deliberate differences: a comparison Python cannot make (``"a" > 1``, ``TEXT_MATCH`` on a
 number) does not match, instead of raising ``TypeError`` mid-query; ``ANY``/``ALL`` on a string
-metadata value do not match (``SimpleVectorStore`` tests substrings there; use ``TEXT_MATCH``). Malformed filters (``IN``
+metadata value compare it whole (``SimpleVectorStore`` tests substrings there; use ``TEXT_MATCH``). Malformed filters (``IN``
 without a list, ``TEXT_MATCH`` without a string, ...) are rejected up front by
 :func:`validate_filters`.
 """
@@ -66,9 +71,37 @@ def _validate_leaf(leaf: MetadataFilter) -> None:
         raise ValueError(f"unsupported filter operator {op!r}; allowed: {[o.value for o in FilterOperator]}")
 
 
+def as_stored(value: Any) -> Any:
+    """``value`` as the index stores it (JSON): tuples become lists, also inside lists. A chunk's
+    metadata is compared in that form, so that a tuple matches alike in memory, in the engine's
+    payload and after the index is reopened (``() IS_EMPTY`` everywhere, ``("a",) == ["a"]``)."""
+    if type(value) is tuple:
+        return [as_stored(v) for v in value]
+    if type(value) is list and any(type(v) is tuple for v in value):
+        return [as_stored(v) for v in value]
+    return value
+
+
+#: Filter keys LlamaIndex's vector stores fill with the chunk's document id (``node_to_metadata_dict``
+#: writes ``ref_doc_id`` and ``document_id`` beside the metadata "to allow metadata filtering"): a
+#: chunk whose metadata has no value of its own under them is filtered on ``metadata["doc_id"]``
+#: (its document's id, as this package's parsers and ``HybridIndex`` record it), so that
+#: ``ref_doc_id NIN [...]`` excludes a document here as it does in LlamaIndex.
+DOCUMENT_ID_ALIASES = ("ref_doc_id", "document_id")
+
+
+def filter_value(metadata: Mapping[str, Any], key: str) -> Any:
+    """The value a filter on ``key`` reads from a chunk's ``metadata`` (None: missing), as stored
+    (:func:`as_stored`), with the document-id keys of :data:`DOCUMENT_ID_ALIASES`."""
+    actual = metadata.get(key)
+    if actual is None and key in DOCUMENT_ID_ALIASES:
+        actual = metadata.get("doc_id")
+    return as_stored(actual)
+
+
 def _leaf_matches(leaf: MetadataFilter, metadata: Mapping[str, Any]) -> bool:
-    op, wanted = leaf.operator, leaf.value
-    actual = metadata.get(leaf.key)
+    op, wanted = leaf.operator, as_stored(leaf.value)
+    actual = filter_value(metadata, leaf.key)
     if op == FilterOperator.IS_EMPTY:
         return actual is None or actual == "" or actual == []
     if actual is None:
@@ -92,10 +125,14 @@ def _leaf_matches(leaf: MetadataFilter, metadata: Mapping[str, Any]) -> bool:
             return actual not in wanted  # type: ignore[operator]
         if op == FilterOperator.CONTAINS:
             return isinstance(actual, (list, tuple, set, str)) and wanted in actual
-        if op == FilterOperator.ANY:
-            return isinstance(actual, (list, tuple, set)) and any(v in actual for v in wanted)  # type: ignore[union-attr]
-        if op == FilterOperator.ALL:
-            return isinstance(actual, (list, tuple, set)) and all(v in actual for v in wanted)  # type: ignore[union-attr]
+        if op == FilterOperator.ANY:  # a single value: equal to one of them (Qdrant's MatchAny on a keyword field)
+            if isinstance(actual, (list, set)):
+                return any(v in actual for v in wanted)  # type: ignore[union-attr]
+            return not isinstance(actual, dict) and any(actual == v for v in wanted)  # type: ignore[union-attr]
+        if op == FilterOperator.ALL:  # a single value: equal to each of them
+            if isinstance(actual, (list, set)):
+                return all(v in actual for v in wanted)  # type: ignore[union-attr]
+            return not isinstance(actual, dict) and all(actual == v for v in wanted)  # type: ignore[union-attr]
         if op == FilterOperator.TEXT_MATCH:
             return isinstance(actual, str) and isinstance(wanted, str) and wanted in actual
         if op == FilterOperator.TEXT_MATCH_INSENSITIVE:
@@ -128,12 +165,38 @@ _masks_lock = threading.Lock()
 
 
 def filters_key(filters: MetadataFilters) -> str:
-    """A value key of ``filters`` (its JSON form): equal filters share it whatever object holds
-    them, and changing a filter object changes its key."""
-    try:
-        return filters.model_dump_json()
-    except Exception:  # a value pydantic cannot serialise: its repr still tells filters apart
-        return repr(filters)
+    """A value key of ``filters``: equal filters share it whatever object holds them, changing a
+    filter object changes its key, and filters that may match differently never share one.
+
+    Lossless: every value keeps its type and ``repr`` (JSON would write ``inf``, ``-inf`` and
+    ``nan`` all as ``null``, and a tuple or set like a list: ``price > inf`` then shared the
+    cached answer of ``price > -inf``)."""
+    return repr(_filter_key(filters))
+
+
+def _filter_key(item: Any) -> Any:
+    if isinstance(item, MetadataFilters):
+        condition = item.condition
+        return ("filters", getattr(condition, "value", condition), tuple(_filter_key(sub) for sub in item.filters))
+    if isinstance(item, MetadataFilter):
+        return ("filter", item.key, getattr(item.operator, "value", item.operator), _value_key(item.value))
+    return ("other", type(item).__qualname__, repr(item))
+
+
+def _value_key(value: Any) -> Any:
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = tuple(_value_key(v) for v in value)
+        return (type(value).__qualname__, tuple(sorted(items, key=repr)) if isinstance(value, (set, frozenset)) else items)
+    return (type(value).__qualname__, repr(value))
+
+
+def has_settable_filters(retriever: Any) -> bool:
+    """Whether ``retriever.filters = ...`` changes what ``retriever`` returns (a property with a
+    setter, or a plain ``filters`` attribute its queries read, as LlamaIndex's vector retrievers have)."""
+    attr = getattr(type(retriever), "filters", None)
+    if isinstance(attr, property):
+        return attr.fset is not None
+    return "filters" in getattr(retriever, "__dict__", {})
 
 
 def _cached_mask(nodes: Sequence[Any], filters: MetadataFilters) -> Tuple[np.ndarray, np.ndarray]:

@@ -15,6 +15,7 @@ from llama_index.core.vector_stores.types import MetadataFilters
 
 from ..tracing import atimed, elapsed_ms, timed, trace_hybrid, tracing_enabled
 from .checks import CheckedQueryMixin, check_positive_int
+from .filters import has_settable_filters
 from .fusion import (
     DEFAULT_RRF_K,
     FUSION_MODES,
@@ -39,15 +40,6 @@ def _check_depths(n_legs: int, candidate_top_k: Union[int, Sequence[int], None])
     if any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in depths):
         raise ValueError(f"candidate_top_k must be an int >= 1 or one such int per retriever, got {candidate_top_k!r}")
     return depths
-
-
-def _settable_filters(leg: Any) -> bool:
-    """Whether ``leg.filters = ...`` changes what ``leg`` returns (a property with a setter, or a
-    plain ``filters`` attribute its queries read, as LlamaIndex's vector retrievers have)."""
-    attr = getattr(type(leg), "filters", None)
-    if isinstance(attr, property):
-        return attr.fset is not None
-    return "filters" in getattr(leg, "__dict__", {})
 
 
 class HybridRetriever(CheckedQueryMixin, BaseRetriever):
@@ -153,7 +145,7 @@ class HybridRetriever(CheckedQueryMixin, BaseRetriever):
     def filters(self, filters: Optional[MetadataFilters]) -> None:
         """Set ``filters`` on every leg; refused (nothing changed) when a leg has no settable
         ``filters``: a filter that one leg ignores leaks documents."""
-        fixed = [name for name, leg in zip(self._names, self._retrievers) if not _settable_filters(leg)]
+        fixed = [name for name, leg in zip(self._names, self._retrievers) if not has_settable_filters(leg)]
         if fixed:
             raise TypeError(f"legs {fixed} have no settable filters: build the retriever again with the filters instead")
         for leg in self._retrievers:

@@ -35,7 +35,7 @@ import hashlib
 import logging
 from collections import Counter
 from contextlib import nullcontext
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple
 
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.embeddings.base import BaseEmbedding
@@ -43,9 +43,16 @@ from llama_index.core.schema import BaseNode, NodeWithScore, QueryBundle
 from llama_index.core.vector_stores.types import MetadataFilters, VectorStoreQuery
 from llama_index.core.vector_stores.utils import metadata_dict_to_node
 
+import numpy as np
+
+from ..tracing import NO_LAPS, Laps, trace_index_fusion, tracing_enabled
 from .checks import CheckedQueryMixin, check_positive_int, check_query_text
 from .exact_dense import query_embedding
 from .filters import metadata_matches, validate_filters
+from .fused_index import LEG_NAMES
+from .fusion import FusedNodeWithScore
+
+BM25_LEG, DENSE_LEG = LEG_NAMES
 
 if TYPE_CHECKING:  # qdrant-client (~0.5 s to import) is imported where a server or its types are used
     from qdrant_client import models
@@ -53,7 +60,7 @@ if TYPE_CHECKING:  # qdrant-client (~0.5 s to import) is imported where a server
 logger = logging.getLogger(__name__)
 
 # The collection schema and the server-side filter are the store's (indices/store.py), re-exported here.
-from ..indices.store import DENSE_VECTOR, SPARSE_VECTOR, ServerPoints, point_ids_filter, sparse_vectors_config  # noqa: E402,F401
+from ..indices.store import DENSE_VECTOR, SPARSE_VECTOR, LegSearch, ServerPoints, point_ids_filter, sparse_vectors_config  # noqa: E402,F401
 
 
 #: ``node_lookup(point_ids)``: the node of each point id (a copy the caller may keep), None where unknown.
@@ -74,23 +81,64 @@ def results_from_lookup(points: Any, node_lookup: Optional[NodeLookup], dense: A
     return [NodeWithScore(node=node, score=score) for node, (_, score) in zip(nodes, hits)]
 
 
-def nodes_from_payloads(hits: Sequence[tuple[Any, float]], filters: Optional[MetadataFilters]) -> List[NodeWithScore]:
-    """Result nodes parsed from the points' payloads (LlamaIndex's ``metadata_dict_to_node``),
-    keeping only those whose metadata match ``filters``.
+#: The result leg name of each engine leg kind: the sparse vectors score BM25 (see the module docstring).
+ENGINE_LEG_NAMES = {"sparse": BM25_LEG, "dense": DENSE_LEG}
+
+
+def fused_with_legs(found: LegSearch, nodes: Sequence[BaseNode]) -> List[NodeWithScore]:
+    """The engine's fused results (``found.fused``, with their ``nodes``) as :class:`FusedNodeWithScore`:
+    the fused score, and the rank (from 1) and score each had in every leg that returned it, read
+    from the legs' own rankings (``found.legs``; legs named by :data:`ENGINE_LEG_NAMES`, BM25 first
+    as the in-process fused modes order them). The gate and the trace read them."""
+    tables = {ENGINE_LEG_NAMES[kind]: {point: (rank, score) for rank, (point, score) in enumerate(hits, 1)}
+              for kind, hits in sorted(found.legs.items(), key=lambda item: ENGINE_LEG_NAMES[item[0]])}
+    out: List[NodeWithScore] = []
+    for (point, score, _), node in zip(found.fused, nodes):
+        ranks: Dict[str, int] = {}
+        scores: Dict[str, Optional[float]] = {}
+        for name, table in tables.items():
+            hit = table.get(point)
+            if hit is not None:
+                ranks[name], scores[name] = hit
+        out.append(FusedNodeWithScore.trusted(node, score, ranks, scores))
+    return out
+
+
+def leg_positions(found: LegSearch) -> Tuple[List[str], Dict[str, Tuple[np.ndarray, np.ndarray]]]:
+    """The legs of ``found`` as a trace takes them: the point ids, and per leg name the positions
+    of its hits in them and their scores, best first."""
+    where: Dict[str, int] = {}
+    legs: Dict[str, Tuple[np.ndarray, np.ndarray]] = {}
+    for kind, hits in sorted(found.legs.items(), key=lambda item: ENGINE_LEG_NAMES[item[0]]):
+        positions = [where.setdefault(point, len(where)) for point, _ in hits]
+        legs[ENGINE_LEG_NAMES[kind]] = (np.asarray(positions, dtype=np.int64), np.asarray([s for _, s in hits], dtype=np.float64))
+    return list(where), legs
+
+
+def payload_nodes(payloads: Sequence[Any], filters: Optional[MetadataFilters]) -> List[Optional[BaseNode]]:
+    """The node of each point's payload (LlamaIndex's ``metadata_dict_to_node``), None where its
+    metadata no longer match ``filters``.
 
     The engine was asked with a filter built from this process's view of the index (an id list
     where a filter cannot be translated exactly); a server's points may have changed since, by
     another writer (a point moved to another tenant keeps its id). Checking each returned payload
     costs microseconds on the top k and means such a point is left out, never returned.
     """
-    results = []
-    for payload, score in hits:
+    nodes: List[Optional[BaseNode]] = []
+    for payload in payloads:
         node = metadata_dict_to_node(payload)
-        if filters is None or metadata_matches(node.metadata, filters):
-            results.append(NodeWithScore(node=node, score=score))
-    if len(results) < len(hits):
-        logger.info("%d result point(s) no longer match the filters (changed by another writer since this index was read)", len(hits) - len(results))
-    return results
+        nodes.append(node if filters is None or metadata_matches(node.metadata, filters) else None)
+    dropped = sum(node is None for node in nodes)
+    if dropped:
+        logger.info("%d result point(s) no longer match the filters (changed by another writer since this index was read)", dropped)
+    return nodes
+
+
+def nodes_from_payloads(hits: Sequence[tuple[Any, float]], filters: Optional[MetadataFilters]) -> List[NodeWithScore]:
+    """Result nodes parsed from the points' payloads, keeping only those whose metadata match
+    ``filters`` (:func:`payload_nodes`)."""
+    nodes = payload_nodes([payload for payload, _ in hits], filters)
+    return [NodeWithScore(node=node, score=score) for node, (_, score) in zip(nodes, hits) if node is not None]
 
 
 @functools.lru_cache(maxsize=1 << 20)
@@ -209,6 +257,10 @@ class QdrantHybridRetriever(CheckedQueryMixin, BaseRetriever):
             result nodes come from it (an embedded ``HybridIndex`` passes copies of its own nodes,
             about 10x cheaper than parsing each payload); without it, or when it lacks a point,
             nodes are parsed from the payloads (LlamaIndex's ``metadata_dict_to_node``).
+        leg_scores: Also run each leg on its own in the same engine batch, so that every result
+            carries its rank and score in the ``bm25`` and ``dense`` legs (``FusedNodeWithScore``;
+            what the no-answer gate and the trace read). About doubles the engine's share of the
+            query; False returns plain ``NodeWithScore`` results with the fused score only.
     """
 
     def __init__(
@@ -226,9 +278,13 @@ class QdrantHybridRetriever(CheckedQueryMixin, BaseRetriever):
         read_guard: Optional[Callable[[], ContextManager[Any]]] = None,
         fusion: str = "rrf",
         node_lookup: Optional[NodeLookup] = None,
+        leg_scores: bool = True,
         **kwargs: Any,
     ) -> None:
         from .._enums import EngineFusion
+
+        if not isinstance(leg_scores, bool):
+            raise ValueError(f"leg_scores must be True or False, got {leg_scores!r}")
 
         check_positive_int("similarity_top_k", similarity_top_k)
         check_positive_int("candidate_top_k", candidate_top_k)
@@ -251,24 +307,56 @@ class QdrantHybridRetriever(CheckedQueryMixin, BaseRetriever):
         self.similarity_top_k = similarity_top_k
         self.candidate_top_k = candidate_top_k
         self.rrf_k = int(rrf_k)
+        self.leg_scores = leg_scores
         self.filters = filters
 
     def _query_filter(self) -> Any:
         return qdrant_filter(self.filters, self._point_filter, self._filter_builder)
 
-    def _retrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
-        dense = query_embedding(query_bundle, self._embed_model)
-        sparse = bm25_query_vector(self._tokenize(check_query_text(query_bundle.query_str)))
-        with self._read_guard():
-            return self._query(dense, sparse)
+    @property
+    def fusion_attributes(self) -> Dict[str, Any]:
+        """The fusion's settings as a trace records them (run by the engine, the legs in the same batch)."""
+        attributes: Dict[str, Any] = {"mode": f"qdrant_{self.fusion}", "similarity_top_k": self.similarity_top_k, "engine": True}
+        if self.fusion == "rrf":
+            attributes["rrf_k"] = self.rrf_k
+        return attributes
 
-    def _query(self, dense: Sequence[float], sparse: models.SparseVector) -> List[NodeWithScore]:
+    def _retrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
+        laps = Laps() if tracing_enabled() else NO_LAPS
+        dense = query_embedding(query_bundle, self._embed_model)
+        laps.mark("embed")
+        sparse = bm25_query_vector(self._tokenize(check_query_text(query_bundle.query_str)))
+        laps.mark(BM25_LEG)
+        with self._read_guard():
+            found, results = self._query(dense, sparse)
+        if laps.on:
+            laps.mark("fusion")  # the engine's batch: both legs and their fusion
+            node_ids, legs = leg_positions(found)  # no legs recorded without leg_scores
+            trace_index_fusion(self, query_bundle, node_ids, legs, results, laps)
+        return results
+
+    def _query(self, dense: Sequence[float], sparse: models.SparseVector) -> Tuple[LegSearch, List[NodeWithScore]]:
+        """The fused results, each with its rank and score in every leg (:func:`fused_with_legs`;
+        with ``leg_scores`` off, plain results and no legs)."""
         query = dict(limit=self.similarity_top_k, prefetch_limit=self.candidate_top_k, rrf_k=self.rrf_k,
                      filter=self._query_filter(), fusion=self.fusion)
-        found = results_from_lookup(self._points, self._node_lookup, dense, sparse, **query)
-        if found is not None:
-            return found
-        return nodes_from_payloads(self._points.search(dense, sparse, **query), self.filters)
+        if not self.leg_scores:
+            found = results_from_lookup(self._points, self._node_lookup, dense, sparse, **query)
+            if found is None:
+                found = nodes_from_payloads(self._points.search(dense, sparse, **query), self.filters)
+            return LegSearch([], {}), found
+        if self._node_lookup is not None:
+            found = self._points.search_with_legs(dense, sparse, **query)
+            nodes = self._node_lookup([point for point, _, _ in found.fused])
+            if all(node is not None for node in nodes):
+                return found, fused_with_legs(found, nodes)
+            logger.warning("%d of %d result point(s) are not among the index's nodes; reading the payloads instead",
+                           sum(node is None for node in nodes), len(nodes))
+        found = self._points.search_with_legs(dense, sparse, with_payload=True, **query)
+        nodes = payload_nodes([payload for _, _, payload in found.fused], self.filters)  # re-checked against the filters
+        pairs = [(hit, node) for hit, node in zip(found.fused, nodes) if node is not None]
+        found = LegSearch([hit for hit, _ in pairs], found.legs)
+        return found, fused_with_legs(found, [node for _, node in pairs])
 
 
 class QdrantDenseRetriever(CheckedQueryMixin, BaseRetriever):

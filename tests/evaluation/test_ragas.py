@@ -206,6 +206,31 @@ def test_run_retriever_for_ragas_with_retriever_and_query_engine(sample_index, d
         run_retriever_for_ragas(object(), dataset)
 
 
+def test_a_failing_question_loses_no_other_question_s_results(sample_index, dataset, hybrid_results) -> None:
+    """A retriever that fails on one question (a server timeout) used to lose every retrieval of the
+    run; the others' dataset now comes with the error, and the failed ids to run again."""
+    from llama_index_retrieval_kit.evaluation import RagasRetrievalError
+
+    inner = sample_index.as_retriever("hybrid", similarity_top_k=5)
+    failing_text = dataset.queries["q20"]
+
+    class Flaky:
+        def retrieve(self, text):
+            if text == failing_text:
+                raise TimeoutError("the Qdrant server did not answer")
+            return inner.retrieve(text)
+
+    ids = ["q01", "q20", "q36"]
+    with pytest.raises(RagasRetrievalError, match="q20: TimeoutError") as caught:
+        run_retriever_for_ragas(Flaky(), dataset, query_ids=ids)
+    error = caught.value
+    assert list(error.failures) == ["q20"] and isinstance(error.failures["q20"], TimeoutError)
+    assert error.dataset.query_ids == ["q01", "q36"]
+    assert [s.retrieved_contexts for s in error.dataset.samples] == [
+        [n.node.get_content() for n in hybrid_results[q]] for q in ("q01", "q36")
+    ]
+
+
 # --------------------------------------------------------------------------------------------
 # The LLM-judged metrics, with a scripted judge
 # --------------------------------------------------------------------------------------------

@@ -344,7 +344,8 @@ def test_index_config_is_the_manifest_on_disk_and_a_copy(tmp_path: Path) -> None
         on_file = json.loads((tmp_path / "idx" / "index.json").read_text(encoding="utf-8"))
         assert index.config == on_file == index.manifest.to_json()
         assert index.manifest.embed_dim == 8 and index.manifest.bm25.avgdl and math.isfinite(index.manifest.bm25.avgdl)
-        assert set(on_file) == set(GOOD) | {"index_id", "build_id"}  # the keys folders have always had, and the new ids
+        assert set(on_file) == set(GOOD) | {"index_id", "build_id", "embed_settings"}  # the keys folders have always had, and the new ones
+        assert on_file["embed_settings"] == {"embed_dim": 8}  # MockEmbedding's document-vector setting
         changed = index.config
         changed["generation"] = 99
         changed["bm25"]["k1"] = 0.0

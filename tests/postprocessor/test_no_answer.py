@@ -227,6 +227,46 @@ def test_calibrate_counts_questions_without_references_as_unanswerable(gate: NoA
     assert report["auroc"] > 0.85 and report["answerable_kept"] >= 0.95
 
 
+def test_a_larger_similarity_top_k_than_calibrated_leaves_every_decision_unchanged(gate: NoAnswerPostprocessor, sample_index: HybridIndex) -> None:
+    """The gate reads the first feature_top_k results (as many as at calibration): before, a gate
+    calibrated on top 8 and given top 30 kept 17 of the 30 answerable bundled questions, not 29."""
+    assert gate.feature_top_k == 5  # calibrated with similarity_top_k=5
+    dataset = load_jsonl(QUESTIONS_FILE)
+    calibrated = sample_index.as_retriever("hybrid", similarity_top_k=5)
+    wider = sample_index.as_retriever("hybrid", similarity_top_k=30)
+    kept = {"calibrated": 0, "wider": 0}
+    for qid in dataset.answerable_ids():
+        q = dataset.queries[qid]
+        top5, top30 = calibrated.retrieve(q), wider.retrieve(q)
+        assert len(top30) > len(top5) == 5
+        assert gate.confidence(top30, q) == gate.confidence(top5, q)
+        out = gate.postprocess_nodes(top30, query_str=q)
+        assert out == [] or [n.node.node_id for n in out] == [n.node.node_id for n in top30]  # all passed on when open
+        kept["calibrated"] += bool(gate.postprocess_nodes(top5, query_str=q))
+        kept["wider"] += bool(out)
+    assert kept["wider"] == kept["calibrated"] >= 0.9 * len(dataset.answerable_ids())
+
+
+def test_feature_top_k_is_recorded_validated_and_old_files_still_load(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    answerable, unanswerable = _constructed(30, 1, 0.1), _constructed(30, 2, -0.1)
+    gate = NoAnswerPostprocessor.fit(answerable, unanswerable)
+    assert gate.feature_top_k == max(len(nodes) for _, nodes in answerable + unanswerable)
+    assert NoAnswerPostprocessor.load(gate.save(tmp_path / "gate.json")).feature_top_k == gate.feature_top_k
+    for bad in (0, -1, 2.5, True, "3"):
+        with pytest.raises(ValueError, match="feature_top_k"):
+            NoAnswerPostprocessor.fit(answerable, unanswerable, feature_top_k=bad)
+    one = NoAnswerPostprocessor.fit(answerable, unanswerable, feature_top_k=1)
+    q, nodes = _constructed(1, 9, 0.0)[0]
+    assert one.confidence(nodes, q) == one.confidence(nodes[:1], q)
+    data = json.loads((tmp_path / "gate.json").read_text())
+    del data["feature_top_k"]  # a gate saved by an earlier version
+    (tmp_path / "old.json").write_text(json.dumps(data))
+    with caplog.at_level("WARNING", logger="llama_index_retrieval_kit.postprocessor.no_answer"):
+        old = NoAnswerPostprocessor.load(tmp_path / "old.json")
+    assert old.feature_top_k is None and "calibrate it again" in caplog.text
+    assert old.confidence(nodes, q) == gate.confidence(nodes, q)  # every result read, as before
+
+
 def _no_answer_questions() -> List[str]:
     dataset = load_jsonl(QUESTIONS_FILE)
     return [dataset.queries[q] for q in dataset.no_answer_ids()]
@@ -292,8 +332,11 @@ def test_chat_engine_that_rewrites_the_question_abstains(gate: NoAnswerPostproce
     reply = engine.chat("and what about that?", chat_history=history)
     assert str(reply) == "No answer in these documents."
     assert reply.source_nodes == []
+    # the chat response carries the decision, as a query engine's Response does
+    assert reply.metadata["no_answer"] is True and reply.metadata["no_answer_confidence"] < gate.threshold
     async_reply = asyncio.run(engine.achat("and what about that?", chat_history=history))
     assert str(async_reply) == "No answer in these documents."
+    assert (async_reply.metadata or {}).get("no_answer") is True
     # A later query with an open gate is answered normally: the decision was used up.
     open_engine = sample_index.as_query_engine(llm=MockLLM(max_tokens=5), node_postprocessors=[gate])
     response = open_engine.query("How much is the late payment fee?")

@@ -9,9 +9,9 @@ import logging
 import math
 import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Any, List
+from types import SimpleNamespace
+from typing import Any, List, Optional
 
 import numpy as np
 import pytest
@@ -88,10 +88,26 @@ def direct_probabilities(cross_encoder: Any, candidates: List[NodeWithScore], ma
     return [float(p) for p in cross_encoder.predict(pairs, show_progress_bar=False)]  # its default: Sigmoid for one logit
 
 
-class PairCounter:
-    """Wraps CrossEncoder.predict: counts the pairs scored (optionally sleeping per pair)."""
+class SimulatedClock:
+    """Stands in for the rerank module's ``time``: only model calls move it, by a known cost.
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, sleep_per_pair_s: float = 0.0) -> None:
+    A call on pairs costs ``fixed_ms`` plus ``ms_per_char`` per passage character, so the
+    tiny warm-up pair costs almost only the fixed part, as on a real model.
+    """
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, fixed_ms: float, ms_per_char: float) -> None:
+        self.now_ms = 0.0
+        self.fixed_ms, self.ms_per_char = fixed_ms, ms_per_char
+        monkeypatch.setattr(rerank_module, "time", SimpleNamespace(perf_counter=lambda: self.now_ms / 1000))
+
+    def call(self, pairs: List[Any]) -> None:
+        self.now_ms += self.fixed_ms + self.ms_per_char * sum(len(passage) for _, passage in pairs)
+
+
+class PairCounter:
+    """Wraps CrossEncoder.predict: counts the pairs scored (optionally moving a simulated clock)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, clock: Optional[SimulatedClock] = None) -> None:
         from sentence_transformers import CrossEncoder
 
         self.calls: List[List[Any]] = []
@@ -100,7 +116,8 @@ class PairCounter:
 
         def predict(model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
             counter.calls.append(list(inputs))
-            time.sleep(sleep_per_pair_s * len(inputs))
+            if clock is not None:
+                clock.call(list(inputs))
             return original(model, inputs, *args, **kwargs)
 
         monkeypatch.setattr(CrossEncoder, "predict", predict)
@@ -236,9 +253,9 @@ def test_inputs_are_not_mutated(model_dir: str) -> None:
 
 
 def test_top_n_and_candidate_cap_limit_what_is_scored_and_returned(model_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    counter = PairCounter(monkeypatch)
     candidates = fused_candidates(10)
-    reranker = make_reranker(model_dir, top_n=2, max_candidates=4)
+    reranker = make_reranker(model_dir, top_n=2, max_candidates=4).load()  # loading runs two warm-up passes
+    counter = PairCounter(monkeypatch)
     results = reranker.postprocess_nodes(candidates, query_str=QUERY)
     assert counter.pairs == 4
     assert len(results) == 2 and all(r.pre_rerank_rank <= 4 for r in results)
@@ -251,26 +268,41 @@ def test_top_n_and_candidate_cap_limit_what_is_scored_and_returned(model_dir: st
     assert counter.pairs == 10
 
 
-def test_latency_budget_caps_the_pairs_scored(model_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    counter = PairCounter(monkeypatch, sleep_per_pair_s=0.02)  # >= 20 ms per pair
-    candidates = [NodeWithScore(node=node, score=1.0) for node in chunks(30)]
-    reranker = make_reranker(model_dir, top_n=2, max_candidates=None, latency_budget_ms=200.0)
-
-    results = reranker.postprocess_nodes(candidates, query_str=QUERY)
-    # first call: the top_n pairs are scored alone to measure the cost, then what fits in the rest
-    assert [len(c) for c in counter.calls][0] == 2
-    assert 2 <= counter.pairs <= 10 and counter.pairs == reranker.last_stats.scored
-    assert reranker.per_pair_ms >= 20.0
-    assert len(results) == 2 and all(r.pre_rerank_rank <= counter.pairs for r in results)
+def test_latency_budget_caps_the_pairs_scored(model_dir: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Simulated time (no timed test): a model call costs 8 ms plus 0.5 ms per 50-character passage."""
+    fixed_ms, pair_ms, budget_ms = 8.0, 0.5, 30.2
+    clock = SimulatedClock(monkeypatch, fixed_ms=fixed_ms, ms_per_char=pair_ms / 50)
+    counter = PairCounter(monkeypatch, clock)
+    candidates = [NodeWithScore(node=TextNode(id_=f"p{i}", text=f"{i:02d} " + "x" * 47), score=1.0) for i in range(80)]
+    reranker = make_reranker(model_dir, top_n=3, max_candidates=None, latency_budget_ms=budget_ms, section_prefix=False)
+    reranker.load()  # a warm-up pass (not measured), then a tiny pass measuring the fixed cost
+    assert [len(c) for c in counter.calls] == [1, 1]
 
     counter.calls.clear()
-    reranker.postprocess_nodes(candidates, query_str=QUERY)  # second call: uses the running estimate
-    assert len(counter.calls) == 1 and 2 <= counter.pairs <= 10
+    first = reranker.postprocess_nodes(candidates, query_str=QUERY)
+    # first call: the top_n pairs alone to measure the cost, then what fits in the rest of the budget
+    sizes = [len(c) for c in counter.calls]
+    assert sizes[0] == 3 and len(sizes) == 2 and sizes[1] >= 20  # the per-call average would allow 6
+    assert reranker.last_stats.scored == sum(sizes) and len(first) == 3
+    assert all(r.pre_rerank_rank <= sum(sizes) for r in first)
+    # two calls of different sizes separate the fixed cost from the per-pair cost
+    assert reranker.fixed_call_ms == pytest.approx(fixed_ms) and reranker.per_pair_ms == pytest.approx(pair_ms)
+
+    for _ in range(3):  # later calls: one model call on all that fits, floor((30.2 - 8) / 0.5) = 44 pairs
+        counter.calls.clear()
+        started = clock.now_ms
+        reranker.postprocess_nodes(candidates, query_str=QUERY)
+        assert [len(c) for c in counter.calls] == [44] and clock.now_ms - started == pytest.approx(fixed_ms + 44 * pair_ms)
+        stats = reranker.last_stats
+        assert (stats.scored, stats.fixed_call_ms, stats.per_pair_ms) == (44, pytest.approx(fixed_ms), pytest.approx(pair_ms))
 
     counter.calls.clear()
-    reranker.latency_budget_ms = 1.0  # below the cost of top_n pairs: top_n are still scored
-    assert len(reranker.postprocess_nodes(candidates, query_str=QUERY)) == 2
-    assert counter.pairs == 2
+    reranker.latency_budget_ms = 1.0  # below the cost of top_n pairs: top_n are still scored, with one warning
+    with caplog.at_level(logging.WARNING, logger=rerank_module.__name__):
+        assert len(reranker.postprocess_nodes(candidates, query_str=QUERY)) == 3
+        reranker.postprocess_nodes(candidates, query_str=QUERY)
+    assert [len(c) for c in counter.calls] == [3, 3]
+    assert caplog.text.count("is below the cost of top_n=3 pairs") == 1
 
 
 def test_passages_are_truncated_to_max_length_tokens(model_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:

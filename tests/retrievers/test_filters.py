@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from llama_index.core.vector_stores.types import FilterCondition, FilterOperator, MetadataFilter, MetadataFilters
 
-from llama_index_retrieval_kit.retrievers.filters import metadata_matches, validate_filters
+from llama_index_retrieval_kit.retrievers.filters import as_stored, filters_key, metadata_matches, validate_filters
 
 from ._strategies import filters_st, metadata_st, oracle_matches
 
@@ -104,3 +104,60 @@ def test_filter_mask_cache_is_keyed_by_the_filter_value_not_the_object() -> None
     assert filters_key(first) != filters_key(again)
     assert filter_rows(nodes, first).tolist() == list(range(2, 40, 4))
     assert not filter_rows(nodes, first).flags.writeable
+
+
+def _one(key: str, value: Any, op: str = "==") -> MetadataFilters:
+    return MetadataFilters(filters=[MetadataFilter(key=key, value=value, operator=op)])
+
+
+def test_filters_that_may_match_differently_never_share_a_cache_key() -> None:
+    """JSON wrote inf, -inf and nan all as null: ``price > inf`` was answered from the cached mask
+    of ``price > -inf`` (every chunk) in every mode."""
+    values = [float("inf"), float("-inf"), float("nan"), 1, 1.0, "1", None]
+    keys = {filters_key(_one("price", v, ">")) for v in values}
+    assert len(keys) == len(values)
+    listed, tupled = _one("acl", ["a"], "in"), _one("acl", ["a"], "in")
+    tupled.filters[0].value = ("a",)  # assigned after construction: not validated into a list
+    assert filters_key(listed) != filters_key(tupled)
+    assert filters_key(_one("price", 5, ">")) == filters_key(_one("price", 5, ">"))  # equal values share one
+    nested = MetadataFilters(filters=[_one("a", 1)], condition=FilterCondition.NOT)
+    assert filters_key(nested) != filters_key(MetadataFilters(filters=[_one("a", 1)]))
+
+
+@pytest.mark.parametrize(
+    "stored, filters, expected",
+    [
+        ((), _one("acl", None, "is_empty"), True),
+        (("g",), _one("acl", None, "is_empty"), False),
+        (("g",), _one("acl", ["g"]), True),
+        (("g", "h"), _one("acl", "g", "contains"), True),
+        (("g",), _one("acl", ["g", "h"], "any"), True),
+        (("g",), _one("acl", ["g"], "nin"), True),
+    ],
+)
+def test_tuples_match_as_the_index_stores_them(stored: Any, filters: MetadataFilters, expected: bool) -> None:
+    """A tuple is stored as a list (JSON): it matches alike in memory, in the engine and after a
+    reopen (``() IS_EMPTY`` was False in memory and True in the engine and after reopening)."""
+    assert as_stored(stored) == [list(v) if isinstance(v, tuple) else v for v in stored]
+    assert metadata_matches({"acl": stored}, filters) is expected
+    assert metadata_matches({"acl": as_stored(stored)}, filters) is expected
+
+
+@pytest.mark.parametrize(
+    "value, filters, expected",
+    [
+        ("a", _one("tenant", ["a", "b"], "any"), True),
+        ("c", _one("tenant", ["a", "b"], "any"), False),
+        ("a", MetadataFilters(filters=[_one("tenant", ["a"], "any")], condition=FilterCondition.NOT), False),
+        ("a", _one("tenant", ["a"], "all"), True),
+        ("a", _one("tenant", ["a", "b"], "all"), False),
+        (3, _one("level", [1, 3], "any"), True),
+        ("abc", _one("tenant", ["ab"], "any"), False),  # whole values, not substrings
+        (["a", "b"], _one("tenant", ["a", "b"], "all"), True),
+    ],
+)
+def test_any_and_all_on_a_single_value_compare_it_whole(value: Any, filters: MetadataFilters, expected: bool) -> None:
+    """A single metadata value is one of ANY's values / each of ALL's (Qdrant's MatchAny on a
+    keyword field); it never matched before, so ``NOT tenant ANY ["a"]`` kept tenant a's chunks."""
+    key = filters.filters[0].filters[0].key if isinstance(filters.filters[0], MetadataFilters) else filters.filters[0].key
+    assert metadata_matches({key: value}, filters) is expected

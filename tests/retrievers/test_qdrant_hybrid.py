@@ -240,3 +240,108 @@ def test_qdrant_hybrid_fusion_dbsf_is_an_option_and_checked(qindex: HybridIndex,
         qindex.as_retriever("qdrant_hybrid", fusion="max")
     with pytest.raises(ValueError, match="fusion"):
         qindex.as_retriever("hybrid", fusion="dbsf")  # an option of another mode
+
+
+# ------------------------------------------------------------------------ each leg's rank and score
+def test_qdrant_hybrid_results_carry_each_legs_rank_and_score(qindex: HybridIndex, bundles) -> None:
+    """Fusion runs in the engine, and every result still carries the rank and score it had in the
+    BM25 (sparse vectors) and dense legs, as hybrid_rrf's results do: the no-answer gate and the
+    trace read them. The legs run in the same engine batch, under the same filter."""
+    compared = 0
+    for qb in bundles[:12]:
+        native = qindex.as_retriever("qdrant_hybrid", similarity_top_k=10).retrieve(qb)
+        ours = {r.node.node_id: r for r in qindex.as_retriever("hybrid_rrf", similarity_top_k=ALL).retrieve(qb)}
+        ties = leg_ties(qindex, qb)
+        assert native and all(isinstance(r, FusedNodeWithScore) for r in native)
+        for r in native:
+            mine = ours[r.node.node_id]
+            assert list(r.leg_ranks) == list(r.leg_scores) and set(r.leg_ranks) == set(mine.leg_ranks) <= {"bm25", "dense"}
+            for leg in r.leg_ranks:
+                assert r.leg_scores[leg] == pytest.approx(mine.leg_scores[leg], rel=2e-6, abs=1e-7), (qb.query_str, leg)
+                if r.node.node_id not in ties:
+                    assert r.leg_ranks[leg] == mine.leg_ranks[leg], (qb.query_str, leg)
+                    compared += 1
+            rrf = sum(1.0 / (60 + rank) for rank in r.leg_ranks.values())
+            if r.node.node_id not in ties:
+                assert r.score == pytest.approx(rrf, abs=1e-7)  # the engine's fused score is RRF of those ranks
+    assert compared >= 100
+
+
+def test_qdrant_hybrid_legs_follow_the_filters(qindex: HybridIndex, bundles) -> None:
+    from llama_index.core.vector_stores.types import MetadataFilter, MetadataFilters
+
+    only = MetadataFilters(filters=[MetadataFilter(key="doc_id", value="product_manual.md")])
+    for qb in bundles[:5]:
+        native = qindex.as_retriever("qdrant_hybrid", similarity_top_k=5, filters=only).retrieve(qb)
+        ours = {r.node.node_id: r for r in qindex.as_retriever("hybrid_rrf", similarity_top_k=ALL, filters=only).retrieve(qb)}
+        ties = leg_ties(qindex, qb)
+        assert native and all(r.node.metadata["doc_id"] == "product_manual.md" for r in native)
+        for r in native:  # ranks among the filtered chunks only, as the in-process legs count them
+            if r.node.node_id not in ties:
+                assert r.leg_ranks == ours[r.node.node_id].leg_ranks
+
+
+def test_qdrant_hybrid_on_a_server_carries_the_same_legs(qindex: HybridIndex, bundles, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, embed_model) -> None:
+    """The same batch through qdrant-client (a server; local mode stands in): results parsed from
+    the payloads carry the same leg ranks and scores as the embedded shard's."""
+    from qdrant_client import QdrantClient
+
+    server = _support.share_server(monkeypatch, QdrantClient(path=str(tmp_path / "server")))
+    try:
+        qindex.push_to("http://qdrant.example:6333", collection="chunks")
+        remote = QdrantHybridRetriever(server, "chunks", embed_model, qindex.bm25.tokenize, similarity_top_k=8)
+        for qb in bundles[:6]:
+            embedded = qindex.as_retriever("qdrant_hybrid", similarity_top_k=8).retrieve(qb)
+            served = remote.retrieve(qb)
+            assert [r.node.node_id for r in served] == [r.node.node_id for r in embedded]
+            for a, b in zip(served, embedded):
+                assert isinstance(a, FusedNodeWithScore) and a.leg_ranks == b.leg_ranks
+                assert a.leg_scores == pytest.approx(b.leg_scores, rel=1e-5)
+    finally:
+        server.close()
+
+
+def test_a_gate_and_a_trace_work_on_qdrant_hybrid(qindex: HybridIndex, bundles) -> None:
+    """Before, qdrant_hybrid gave plain scores: a gate fitted on the legs refused its results, one
+    fitted on them read RRF scores (not comparable across queries), and its trace had no legs."""
+    from llama_index_retrieval_kit import NoAnswerPostprocessor
+    from llama_index_retrieval_kit.evaluation import load_jsonl
+    from llama_index_retrieval_kit.samples import QUESTIONS_FILE
+    from llama_index_retrieval_kit.tracing import Stage, TraceCollector
+
+    retriever = qindex.as_retriever("qdrant_hybrid", similarity_top_k=5)
+    gate = NoAnswerPostprocessor.calibrate(
+        retriever, load_jsonl(QUESTIONS_FILE),
+        exclusion_retriever=lambda f: qindex.as_retriever("qdrant_hybrid", similarity_top_k=5, filters=f),
+    )
+    assert gate.feature_set == "legs" and gate.fit_report["auroc"] > 0.85
+    with TraceCollector() as collector:
+        results = retriever.retrieve(bundles[0])
+    trace = collector.last
+    assert [s.name for s in trace.stages] == ["bm25", "dense", "fusion"]
+    assert [s.stage for s in trace.stages] == [Stage.RETRIEVAL_LEG, Stage.RETRIEVAL_LEG, Stage.FUSION]
+    fusion = trace.stage("fusion")
+    assert [n["node_id"] for n in fusion.outputs] == [r.node.node_id for r in results]
+    assert [n["leg_ranks"] for n in fusion.outputs] == [r.leg_ranks for r in results]
+    assert not fusion.unaccounted_ids() and fusion.attributes["mode"] == "qdrant_rrf"
+    for stage in trace.stages[:2]:  # each leg's candidates, best first, with their scores
+        scores = [n["score"] for n in stage.outputs]
+        assert stage.outputs and scores == sorted(scores, reverse=True)
+
+
+def test_leg_scores_can_be_turned_off(qindex: HybridIndex, bundles) -> None:
+    from llama_index_retrieval_kit.tracing import TraceCollector
+
+    plain = qindex.as_retriever("qdrant_hybrid", similarity_top_k=8, leg_scores=False)
+    with_legs = qindex.as_retriever("qdrant_hybrid", similarity_top_k=8)
+    for qb in bundles[:5]:
+        fast, full = plain.retrieve(qb), with_legs.retrieve(qb)
+        assert _support.ranking(fast) == _support.ranking(full)  # the same engine fusion
+        assert not any(isinstance(r, FusedNodeWithScore) for r in fast)
+    with TraceCollector() as collector:
+        plain.retrieve(bundles[0])
+    assert [s.name for s in collector.last.stages] == ["fusion"]  # no legs to record
+    with pytest.raises(ValueError, match="leg_scores must be True or False"):
+        qindex.as_retriever("qdrant_hybrid", leg_scores="yes")
+    with pytest.raises(ValueError, match="does not use leg_scores"):
+        qindex.as_retriever("hybrid", leg_scores=False)
