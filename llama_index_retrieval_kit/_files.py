@@ -16,7 +16,7 @@ import stat
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any, Iterator
+from typing import IO, Any, Callable, Iterator
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +83,22 @@ def atomic_writer(
         raise
     if sync_folder:
         fsync_dir(path.parent)
+
+
+def check_replaceable(path: Path | str, is_ours: Callable[[Path], bool], what: str, force: str, overwrite: bool = False) -> None:
+    """Refuse (a one-line ValueError) to replace ``path`` when it exists, is not empty and
+    ``is_ours(path)`` does not recognise it as ``what`` (the writer's own kind of file, e.g.
+    "a saved no-answer gate"): someone's dataset, document or notes would be lost. ``force`` names
+    the option that replaces it anyway (e.g. "overwrite=True (rkit calibrate --overwrite)"), given
+    here as ``overwrite``. A folder is refused either way."""
+    path = Path(path)
+    if not os.path.lexists(path):
+        return
+    if path.is_dir():
+        raise ValueError(f"{path} is a folder: give the path of a file")
+    if overwrite or (path.is_file() and path.stat().st_size == 0) or is_ours(path):
+        return
+    raise ValueError(f"{path} exists and is not {what}: writing there would replace it. Choose another path, or pass {force}")
 
 
 def write_text_atomic(path: Path | str, text: str, encoding: str = "utf-8") -> Path:

@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
@@ -44,8 +45,8 @@ EXIT_INTERRUPTED = 130
 EXIT_CODES = {
     EXIT_OK: "success",
     EXIT_PARTIAL: "finished, but some files could not be read (listed), or nothing could be indexed",
-    EXIT_USAGE: "bad arguments or input (the message says what to change), or a missing optional extra "
-    "(the message names it: pip install 'llama-index-retrieval-kit[EXTRA]')",
+    EXIT_USAGE: "bad arguments or input (the message says what to change), a Qdrant server that does not answer "
+    "or refuses the API key, or a missing optional extra (the message names it: pip install 'llama-index-retrieval-kit[EXTRA]')",
     EXIT_BUSY: "the index is open or being written by another process (or read-only after a failed write, "
     "being published by a build, or its cache write was interrupted: the message says what to do): "
     "close it, or serve the index from a Qdrant server (rkit query and calibrate read it read-only beside "
@@ -81,8 +82,10 @@ def _out(text: str = "") -> None:
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
-    from .ingest import ingest, make_parser, write_chunks_jsonl
+    from .ingest import check_chunks_target, ingest, make_parser, write_chunks_jsonl
 
+    if args.out:
+        check_chunks_target(args.out, args.overwrite)  # before anything is read: the file would be replaced
     parser = make_parser(args.parser, args.chunk_size, args.chunk_overlap)
     result = ingest(args.paths, parser, show_progress=not args.quiet)
     _out(_table(result.summary_rows()))
@@ -90,8 +93,12 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         _out(f"\n{len(result.failures)} file(s) could not be read:")
         for f in result.failures:
             _out(f"  - {f}")
+    _print_unsupported(args.paths, None)
+    if not result.documents:  # nothing read: nothing written (--out keeps what it held)
+        _out("\nnothing to ingest: give files or folders holding PDF, Markdown or text files")
+        return EXIT_PARTIAL
     if args.out:
-        path = write_chunks_jsonl(result.nodes, args.out)
+        path = write_chunks_jsonl(result.nodes, args.out, overwrite=args.overwrite)
         _out(f"\nwrote {len(result.nodes)} chunks to {path}")
     for node in result.nodes[: args.show]:
         m = node.metadata
@@ -195,6 +202,8 @@ def cmd_index(args: argparse.Namespace) -> int:
         raise CLIError("--switch moves the index to the server given by --push URL: add --push")
     if args.push_overwrite and not args.push:
         raise CLIError("--push-overwrite is for the collection --push URL writes: add --push")
+    if args.push:
+        check_server_url(args.push, "--push")  # before anything is read or built
     config = _index_config(args)
     paths = list(args.paths) or (list(config.reader.paths) if config is not None else [])
     if not paths:
@@ -207,6 +216,8 @@ def cmd_index(args: argparse.Namespace) -> int:
     want_hnsw = bool(args.hnsw or (config is not None and config.index.build_hnsw))
     if config is None and not args.rebuild and (storage / "index.json").exists():
         _check_update_chunking(args, storage)  # (with --config, open_index compares the whole chunking)
+    # before reading anything: sizes the parser refuses (overlap >= size) are a usage error at once
+    node_parser = make_parser(args.parser or "window", args.chunk_size, args.chunk_overlap) if config is None else None
     reader = _index_reader(args, config)
     documents, failures = read_documents(paths, show_progress=not args.quiet, reader=reader)
     _print_unsupported(paths, reader)
@@ -255,7 +266,7 @@ def cmd_index(args: argparse.Namespace) -> int:
             build_kwargs = index_build_kwargs(config)
             build_kwargs["build_hnsw"] = False  # built below, as for an update (and reported)
         else:
-            build_kwargs = {"node_parser": make_parser(args.parser or "window", args.chunk_size, args.chunk_overlap)}
+            build_kwargs = {"node_parser": node_parser}
         with HybridIndex.from_documents(
             documents, storage, overwrite=args.rebuild, show_progress=not args.quiet, **build_kwargs
         ) as index:
@@ -281,6 +292,21 @@ def cmd_index(args: argparse.Namespace) -> int:
         where = "the index now lives there" if args.switch else f"serve it with HybridIndex.load({str(storage)!r}, qdrant_url={args.push!r})"
         _out(f"copied {copied} points to {args.push}; {where}")
     return EXIT_PARTIAL if failures else EXIT_OK
+
+
+def check_server_url(url: str, option: str) -> str:
+    """``url`` when it can name a Qdrant server (``[http(s)://]HOST[:PORT][/PATH]``, the forms
+    qdrant-client takes: without a scheme it uses http), else a CLIError naming ``option``."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url if "://" in url else f"http://{url}")
+        parts.port  # noqa: B018 - a port that is not a number raises here
+    except ValueError as exc:
+        raise CLIError(f"{option} {url!r} is not a server URL ({exc}): give http(s)://HOST:PORT, e.g. http://localhost:6333") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise CLIError(f"{option} {url!r} is not a server URL: give http(s)://HOST:PORT, e.g. http://localhost:6333")
+    return url
 
 
 def _open_index_to_update(config, storage: Path):
@@ -656,6 +682,8 @@ def _result_dict(rank: int, r) -> dict:
 def _load_gate(path: str):
     from .postprocessor.no_answer import NoAnswerPostprocessor
 
+    if Path(path).is_dir():
+        raise CLIError(f"--gate {path} is a folder: give a gate file written by `rkit calibrate ... --out FILE`, e.g. {Path(path) / 'gate.json'}")
     if not Path(path).is_file():
         raise CLIError(f"--gate {path}: no such gate file: write one with `rkit calibrate --storage DIR --dataset PATH --out {path}`")
     return NoAnswerPostprocessor.load(path)
@@ -804,6 +832,11 @@ def _open_config_index_for_reading(config: PipelineConfig) -> Any:
 def cmd_query(args: argparse.Namespace) -> int:
     from contextlib import ExitStack, nullcontext
 
+    if not args.question.strip():  # retrievers would rank every chunk by nothing
+        raise CLIError(
+            f"the question is empty ({args.question!r}): give the question to retrieve chunks for, "
+            "e.g. rkit query \"What is the late fee?\" --storage DIR"
+        )
     config = _query_config(args) if args.config else None
     if config is None:
         if args.storage is None:
@@ -936,7 +969,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from contextlib import ExitStack
 
     from .evaluation import load_dataset
-    from .postprocessor.no_answer import NoAnswerPostprocessor
+    from .postprocessor.no_answer import NoAnswerPostprocessor, check_gate_target
+
+    check_gate_target(out, args.overwrite)  # before calibrating: a dataset or config there would be replaced
 
     dataset = load_dataset(args.dataset, split=getattr(args, "split", None))
     reranker = None
@@ -992,7 +1027,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     report["split"] = dataset.split or None
     report["in_sample"] = True  # the figures are measured on the calibration questions themselves
     gate.fit_report = report
-    path = gate.save(out)
+    path = gate.save(out, overwrite=args.overwrite)
     _out(f"no-answer gate calibrated on {args.dataset} (--mode {mode} -k {top_k}"
          f"{', after the reranker' if reranker is not None else ''}"
          f"{', relevant documents excluded for extra unanswerable questions' if args.exclude_relevant else ''}):")
@@ -1164,6 +1199,21 @@ def cmd_demo(args: argparse.Namespace) -> int:
 CONFIG_HELP = "a pipeline config (YAML, see examples/pipeline.yaml); options given on the command line override it"
 
 
+def whole_number(minimum: int) -> Callable[[str], int]:
+    """An argparse ``type``: a whole number >= ``minimum`` (anything else is a usage error naming it)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number >= {minimum}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected a whole number >= {minimum}, got {text!r}")
+        return value
+
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="rkit",
@@ -1182,10 +1232,11 @@ def build_parser() -> argparse.ArgumentParser:
     ing = sub.add_parser("ingest", help="read and chunk files or folders (PDF, Markdown, text)")
     ing.add_argument("paths", nargs="+", help="files or folders")
     ing.add_argument("--parser", choices=["window", "hierarchy"], default="window", help="node parser (default: %(default)s)")
-    ing.add_argument("--chunk-size", type=int, default=None, help="tokens per chunk (children for hierarchy)")
-    ing.add_argument("--chunk-overlap", type=int, default=None, help="tokens of overlap")
-    ing.add_argument("--out", default=None, help="write chunks as JSONL here")
-    ing.add_argument("--show", type=int, default=3, help="print the first N chunks (default: %(default)s)")
+    ing.add_argument("--chunk-size", type=whole_number(1), default=None, help="tokens per chunk (children for hierarchy)")
+    ing.add_argument("--chunk-overlap", type=whole_number(0), default=None, help="tokens of overlap")
+    ing.add_argument("--out", default=None, help="write chunks as JSONL here (replaces a chunks file written before)")
+    ing.add_argument("--overwrite", action="store_true", help="let --out replace a file that is not a chunks file")
+    ing.add_argument("--show", type=whole_number(0), default=3, help="print the first N chunks (default: %(default)s)")
     ing.set_defaults(func=cmd_ingest)
 
     idx = sub.add_parser("index", help="build or update a hybrid index folder from files or folders")
@@ -1197,8 +1248,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="node parser (default: window, or the config's); an update keeps the index's chunking: "
         "--parser / --chunk-* that differ from it are refused without --rebuild",
     )
-    idx.add_argument("--chunk-size", type=int, default=None, help="tokens per chunk (children for hierarchy)")
-    idx.add_argument("--chunk-overlap", type=int, default=None, help="tokens of overlap")
+    idx.add_argument("--chunk-size", type=whole_number(1), default=None, help="tokens per chunk (children for hierarchy)")
+    idx.add_argument("--chunk-overlap", type=whole_number(0), default=None, help="tokens of overlap")
     idx.add_argument("--rebuild", action="store_true", help="replace an existing index instead of updating it")
     idx.add_argument(
         "--keep-headers-footers",
@@ -1330,8 +1381,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cal.add_argument(
         "--out", default=None,
-        help="gate file to write (JSON), e.g. gate.json; required without --config (default there: its no_answer.gate_path)",
+        help="gate file to write (JSON), e.g. gate.json; required without --config (default there: its no_answer.gate_path). "
+        "A gate saved there before is replaced; any other file only with --overwrite",
     )
+    cal.add_argument("--overwrite", action="store_true", help="let --out replace a file that is not a saved gate")
     cal.add_argument(
         "--mode", choices=QUERY_MODES, default=None,
         help=f"retriever to calibrate (default: {DEFAULT_CALIBRATE_MODE}, or the config's)",
@@ -1354,9 +1407,9 @@ def build_parser() -> argparse.ArgumentParser:
     ins = sub.add_parser("inspect", help="show how one file is read and chunked: pages, sections, chunks")
     ins.add_argument("file", help="a PDF, Markdown or text file")
     ins.add_argument("--parser", choices=["window", "hierarchy"], default="window", help="node parser (default: %(default)s)")
-    ins.add_argument("--chunk-size", type=int, default=None, help="tokens per chunk (children for hierarchy)")
-    ins.add_argument("--chunk-overlap", type=int, default=None, help="tokens of overlap")
-    ins.add_argument("--show", type=int, default=20, help="list the first N chunks, 0 for all (default: %(default)s)")
+    ins.add_argument("--chunk-size", type=whole_number(1), default=None, help="tokens per chunk (children for hierarchy)")
+    ins.add_argument("--chunk-overlap", type=whole_number(0), default=None, help="tokens of overlap")
+    ins.add_argument("--show", type=whole_number(0), default=20, help="list the first N chunks, 0 for all (default: %(default)s)")
     ins.set_defaults(func=cmd_inspect)
 
     from .evaluation.cli_eval import add_eval_subparser
@@ -1380,6 +1433,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.quiet:
         os.environ["TQDM_DISABLE"] = "1"  # also the libraries' own bars (e.g. transformers' "Loading weights")
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if not args.verbose:  # qdrant-client's two-line warning before a server error that rkit reports in one line
+        warnings.filterwarnings("ignore", message="Failed to obtain server version")
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
@@ -1395,8 +1450,55 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "rkit: run again with --verbose for the traceback, and please report it\n"
             )
         else:
-            sys.stderr.write(f"rkit: error: {exc}\n")
+            sys.stderr.write(f"rkit: error: {error_text(exc)}\n")
         return code
+
+
+def _validation_error_text(exc: Any) -> str:
+    """A pydantic ``ValidationError`` in one line: the model, then each field, its problem and the value."""
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err.get("loc", ()))
+        msg = str(err.get("msg", "")).removeprefix("Value error, ")
+        if err.get("type") != "value_error" and "input" in err:
+            msg += f", got {err['input']!r}"
+        parts.append(f"{where}: {msg}" if where else msg)
+    return f"{exc.title}: " + "; ".join(parts)
+
+
+def _server_error(exc: BaseException) -> str | None:
+    """How a Qdrant server failed when ``exc`` comes from talking to one (unreachable, or refusing
+    the API key), else None. Looked up among the modules already imported: a command that talked to
+    no server imported none of them."""
+    qdrant = sys.modules.get("qdrant_client.http.exceptions")
+    httpx = sys.modules.get("httpx")
+    transport = tuple(
+        kind
+        for kind in (getattr(qdrant, "ResponseHandlingException", None), getattr(httpx, "TransportError", None))
+        if isinstance(kind, type)
+    )
+    if transport and isinstance(exc, transport):
+        return "did not answer"
+    refused = getattr(qdrant, "UnexpectedResponse", None)
+    if isinstance(refused, type) and isinstance(exc, refused) and getattr(exc, "status_code", None) in (401, 403):
+        return "refused the API key"
+    return None
+
+
+def error_text(exc: BaseException) -> str:
+    """What ``rkit: error:`` says for an expected condition: one line for a pydantic
+    ``ValidationError`` (not pydantic's lines and help links), what to check for a Qdrant server's error."""
+    failed = _server_error(exc)
+    if failed is not None:
+        return (
+            f"the Qdrant server {failed} ({type(exc).__name__}: {' '.join(str(exc).split())}): check its URL (--push URL, "
+            "index.qdrant_url, or the one in index.json of an index on a server), the API key ($QDRANT_API_KEY, or the "
+            "variable index.qdrant_api_key_env names) and that the server is running, then run the command again"
+        )
+    pydantic = sys.modules.get("pydantic")
+    if pydantic is not None and isinstance(exc, pydantic.ValidationError):
+        return _validation_error_text(exc)
+    return str(exc)
 
 
 def _exit_code(exc: BaseException) -> int:
@@ -1404,6 +1506,8 @@ def _exit_code(exc: BaseException) -> int:
     from ._extras import MissingExtraError
 
     if isinstance(exc, MissingExtraError):  # an optional extra is not installed: the message names it
+        return EXIT_USAGE
+    if _server_error(exc) is not None:  # a wrong URL or key, a server that is down: the message says what to check
         return EXIT_USAGE
     from .indices import (
         DamagedIndexError,

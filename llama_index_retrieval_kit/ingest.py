@@ -11,7 +11,7 @@ from typing import Callable, Iterable, List, Literal, Sequence
 
 from llama_index.core.schema import BaseNode, Document
 
-from ._files import atomic_writer
+from ._files import atomic_writer, check_replaceable
 from .node_parser import SectionHierarchyNodeParser, SectionWindowNodeParser
 from .readers import DocumentReadError, ReadFailure
 from .readers.base import FileReader, absolute_path, default_doc_id, folder_doc_id, id_clashes
@@ -152,9 +152,39 @@ def ingest(
     return IngestResult(documents, nodes, failures)
 
 
-def write_chunks_jsonl(nodes: Sequence[BaseNode], path: str | Path) -> Path:
-    """One JSON object per chunk: id, text and metadata (for inspection and diffing)."""
+#: The keys of each line :func:`write_chunks_jsonl` writes.
+CHUNK_LINE_KEYS = frozenset({"id", "text", "metadata"})
+#: Characters of a file's first line read to tell whether it is a chunks file.
+_CHUNK_LINE_MAX_CHARS = 1 << 24
+
+
+def is_chunks_jsonl(path: str | Path) -> bool:
+    """Whether ``path`` holds chunks written by :func:`write_chunks_jsonl`: its first line is a
+    JSON object with exactly the keys ``id``, ``text`` and ``metadata``."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.loads(fh.readline(_CHUNK_LINE_MAX_CHARS))
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(data, dict) and set(data) == CHUNK_LINE_KEYS
+
+
+def check_chunks_target(path: str | Path, overwrite: bool = False) -> None:
+    """Refuse (ValueError) a folder, or a path holding something other than a chunks file (a
+    document, a dataset) unless ``overwrite``: :func:`write_chunks_jsonl` would replace it."""
+    check_replaceable(path, is_chunks_jsonl, "a chunks file written by rkit ingest", "overwrite=True (rkit ingest --overwrite)",
+                      overwrite)
+
+
+def write_chunks_jsonl(nodes: Sequence[BaseNode], path: str | Path, overwrite: bool = False) -> Path:
+    """One JSON object per chunk: id, text and metadata (for inspection and diffing).
+
+    A chunks file written there before is replaced whole; any other existing file (e.g. one of
+    the documents) is refused with a ValueError unless ``overwrite=True``."""
+    if not isinstance(overwrite, bool):
+        raise TypeError(f"overwrite must be True or False, got {overwrite!r}")
     path = Path(path)
+    check_chunks_target(path, overwrite)
     with atomic_writer(path) as fh:  # replaced whole: a crash leaves the earlier file
         for n in nodes:
             meta = {k: v for k, v in n.metadata.items() if k != "parent_text"}

@@ -67,14 +67,27 @@ import math
 import os
 import threading
 from pathlib import Path
-from typing import Any, ClassVar, Dict, Iterator, List, Literal, Mapping, Optional, Sequence, Tuple, Union
+from typing import Annotated, Any, ClassVar, Dict, Iterator, List, Literal, Mapping, Optional, Sequence, Tuple, Union
 
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.query_engine import RetrieverQueryEngine
 from llama_index.core.schema import NodeWithScore, QueryBundle
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictFloat, StrictInt, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from ._files import write_text_atomic
+from ._options import check_options
 from .components import (
     ComponentError,
     ComponentKind,
@@ -130,7 +143,15 @@ class _KeyedError(ValueError):
         super().__init__(message)
 
 
-Number = Union[StrictInt, StrictFloat]
+def _finite_number(value: Any) -> Any:
+    """``value`` when it is a finite int or float (not a bool, a string, NaN or an infinity)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"must be a finite number, got {value!r}")
+    return value
+
+
+#: A finite int or float, kept as given (an int stays an int: exact round trip).
+Number = Annotated[Union[StrictInt, StrictFloat], BeforeValidator(_finite_number)]
 
 
 # ------------------------------------------------------------------------------ sections
@@ -247,7 +268,7 @@ class IndexConfig(_Section):
     )
     bm25_k1: Number = Field(default=1.2, ge=0, description="BM25 k1 (term frequency saturation).")
     bm25_b: Number = Field(default=0.75, ge=0, le=1, description="BM25 b (length normalisation).")
-    build_hnsw: bool = Field(
+    build_hnsw: StrictBool = Field(
         default=False,
         description="After each build or update, build the embedded engine's HNSW index (HybridIndex.optimize): "
         "only qdrant_hybrid and dense_search: qdrant use it; the default modes search exactly in memory.",
@@ -382,8 +403,8 @@ class NoAnswerConfig(_Section):
     def _check_source(self) -> "NoAnswerConfig":
         if self.gate_path is None and self.similarity_cutoff is None:
             raise _KeyedError(
-                "needs gate_path (a gate calibrated with `rkit calibrate --config FILE`) or similarity_cutoff; "
-                "or remove the section (or set enabled: false)",
+                "needs gate_path (a gate calibrated with `rkit calibrate --config FILE`) or similarity_cutoff, "
+                "also with enabled: false (the section is checked so that turning it on works); or remove the section",
                 "no_answer.gate_path",
             )
         if self.gate_path is None and self.threshold is not None:
@@ -1069,6 +1090,16 @@ class PipelineQueryEngine(RetrieverQueryEngine):
         self.close()
 
 
+def _engine_options() -> List[str]:
+    """The keywords of ``RetrieverQueryEngine.from_args`` that :func:`build_query_engine` passes on
+    (its ``**kwargs`` swallows any other name without a word)."""
+    import inspect
+
+    taken = ("retriever", "llm", "node_postprocessors")
+    params = inspect.signature(RetrieverQueryEngine.from_args).parameters.values()
+    return [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in taken]
+
+
 def build_query_engine(config: PipelineConfig, llm: Any = None, index: Any = None, **engine_kwargs: Any) -> Any:
     """A :class:`PipelineQueryEngine` (a ``RetrieverQueryEngine``): the config's retriever and its
     precision stage (gate, reranker, context) as node postprocessors, answering with ``llm``.
@@ -1087,6 +1118,7 @@ def build_query_engine(config: PipelineConfig, llm: Any = None, index: Any = Non
         )
     if "node_postprocessors" in engine_kwargs:
         raise TypeError("node_postprocessors come from the config (no_answer, reranker, context sections); do not pass them")
+    check_options("build_query_engine", engine_kwargs, _engine_options())  # from_args would drop a misspelt one
     postprocessors = build_postprocessors(config)
     retriever = build_retriever(config, index=index)
     try:

@@ -1351,14 +1351,17 @@ def _rerank_columns(in_snap: Snapshot, out_snap: Snapshot, capped: int, scored: 
     return _part(inputs), _part(outputs), drops.columns()
 
 
-def rerank_record(reranker: Any, query: Any, nodes: Sequence[NodeWithScore], results: Sequence[NodeWithScore], latency_ms: float) -> StageTrace:
-    """The reranker: inputs beyond ``max_candidates``, unscored (latency budget) or below ``top_n`` are dropped."""
-    return _record_of_spec(_rerank_spec(reranker, query, nodes, results, latency_ms, None))
+def rerank_record(reranker: Any, query: Any, nodes: Sequence[NodeWithScore], results: Sequence[NodeWithScore], latency_ms: float,
+                  stats: Any = None) -> StageTrace:
+    """The reranker: inputs beyond ``max_candidates``, unscored (latency budget) or below ``top_n`` are dropped.
+    ``stats``: the call's ``RerankStats`` (default: the reranker's ``last_stats``)."""
+    return _record_of_spec(_rerank_spec(reranker, query, nodes, results, latency_ms, None, stats))
 
 
 def _rerank_spec(reranker: Any, query: Any, nodes: Sequence[NodeWithScore], results: Sequence[NodeWithScore], latency_ms: float,
-                 span_id: Optional[str]) -> Spec:
-    stats = reranker.last_stats
+                 span_id: Optional[str], stats: Any = None) -> Spec:
+    if stats is None:
+        stats = reranker.last_stats
     capped = stats.capped_to if stats is not None else len(nodes)
     scored = stats.scored if stats is not None else len(nodes)
     attributes: Dict[str, Any] = {"model": reranker.model, "top_n": reranker.top_n}
@@ -1371,11 +1374,13 @@ def _rerank_spec(reranker: Any, query: Any, nodes: Sequence[NodeWithScore], resu
                  (snapshot(nodes), snapshot(results), capped, scored, reranker.latency_budget_ms, reranker.top_n), attributes, span_id)
 
 
-def trace_rerank(reranker: Any, query: Any, nodes: Sequence[NodeWithScore], results: Sequence[NodeWithScore], started: float) -> None:
-    """Emit the reranker's record."""
+def trace_rerank(reranker: Any, query: Any, nodes: Sequence[NodeWithScore], results: Sequence[NodeWithScore], started: float,
+                 stats: Any = None) -> None:
+    """Emit the reranker's record (``stats``: the call's own ``RerankStats``; default ``reranker.last_stats``)."""
     latency_ms = elapsed_ms(started)
     collectors = _receivers()
-    _emit_spec(_rerank_spec(reranker, query, nodes, results, latency_ms, active_span_id.get()), len(nodes) - len(results), collectors)
+    _emit_spec(_rerank_spec(reranker, query, nodes, results, latency_ms, active_span_id.get(), stats), len(nodes) - len(results),
+               collectors)
 
 
 

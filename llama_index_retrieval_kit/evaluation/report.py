@@ -557,7 +557,7 @@ def metrics_document(result: "EvalJobResult") -> dict[str, Any]:
     return {
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "versions": {
-            "llama-index-retrieval-kit": _version("llama-index-retrieval-kit"),
+            _REPORT_WRITER: _version(_REPORT_WRITER),
             "llama-index-core": _version("llama-index-core"),
         },
         "dataset": {
@@ -627,13 +627,27 @@ REPORT_FILES = ("metrics.json", "per_query.csv", "summary.md", "metrics_vs_k.png
 PER_CONFIG_PATTERNS = ("delta_*.png", "runs/*.jsonl")
 
 
+#: The package name a report's ``metrics.json`` records its version under (``versions``).
+_REPORT_WRITER = "llama-index-retrieval-kit"
+
+
+def _report_metrics(path: Path) -> dict[str, Any] | None:
+    """The content of ``path`` when it is the ``metrics.json`` of a report this package wrote (a
+    JSON object whose ``versions`` name this package, :func:`metrics_document`); else None (someone
+    else's ``metrics.json``, unreadable or damaged)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    if isinstance(data, dict) and isinstance(data.get("versions"), dict) and _REPORT_WRITER in data["versions"]:
+        return data
+    return None
+
+
 def earlier_report_files(out: Path) -> list[Path]:
     """The files an earlier report in ``out`` wrote, as its ``metrics.json`` lists them (only
     paths inside ``out``); [] without a readable one."""
-    try:
-        files = json.loads((out / "metrics.json").read_text(encoding="utf-8")).get("files", {})
-    except (OSError, ValueError, AttributeError):
-        return []
+    files = (_report_metrics(out / "metrics.json") or {}).get("files", {})
     found = []
     for rel in files.values() if isinstance(files, dict) else []:
         path = Path(str(rel))
@@ -644,20 +658,21 @@ def earlier_report_files(out: Path) -> list[Path]:
 
 
 def check_report_folder(out: str | Path) -> None:
-    """Refuse a report folder that holds files of the report's names but no earlier report
-    (``metrics.json``): writing the report would replace someone's own files."""
+    """Refuse a report folder that holds files of the report's names but no earlier report (a
+    ``metrics.json`` this package wrote; someone else's ``metrics.json`` is one of those files):
+    writing the report would replace someone's own files."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file: give a folder for the report")
-    if not out.is_dir() or (out / "metrics.json").is_file():
+    if not out.is_dir() or _report_metrics(out / "metrics.json") is not None:
         return
     clashes = [out / name for name in REPORT_FILES if (out / name).exists()]
     clashes += [p for pattern in PER_CONFIG_PATTERNS for p in sorted(out.glob(pattern))]
     if clashes:
         names = ", ".join(str(p.relative_to(out)) for p in clashes[:5]) + (" ..." if len(clashes) > 5 else "")
         raise ValueError(
-            f"{out} holds {names} but no earlier report (metrics.json): the report would replace them. "
-            "Choose an empty or new folder for --out / out_dir"
+            f"{out} holds {names} but no earlier report (a metrics.json written by rkit eval): the report would "
+            "replace them. Choose an empty or new folder for --out / out_dir"
         )
 
 

@@ -387,19 +387,51 @@ def _model_serves(manifest: IndexManifest, embed_model: BaseEmbedding) -> bool:
     return embed_model_name(embed_model) == manifest.embed_model and manifest.embed_settings_match(embed_settings_of(embed_model))
 
 
-def document_origin(metadata: Dict[str, Any]) -> Optional[str]:
-    """The absolute path of the file a document or chunk was read from, or None when unknown.
-
-    ``metadata["file_path"]`` (written by this package's readers, and by LlamaIndex's
-    ``SimpleDirectoryReader``); for chunks indexed before it existed, ``source`` resolved.
-    """
-    path = metadata.get("file_path") or metadata.get("source")
-    if not isinstance(path, str) or not path:
-        return None
+def _resolved(path: str) -> str:
     try:
         return str(Path(path).expanduser().resolve())
     except (OSError, RuntimeError, ValueError):
         return path
+
+
+def _source_names_a_file(metadata: Dict[str, Any]) -> bool:
+    """Whether ``metadata["source"]`` is a file's path: an absolute one, or one whose last part is
+    ``metadata["file_name"]`` (the pair this package's readers wrote before ``file_path``)."""
+    source, name = metadata.get("source"), metadata.get("file_name")
+    if not isinstance(source, str) or not source:
+        return False
+    return Path(source).is_absolute() or (isinstance(name, str) and bool(name) and Path(source).name == name)
+
+
+def document_origin(metadata: Dict[str, Any]) -> Optional[str]:
+    """The absolute path of the file a document or chunk was read from, or None when unknown.
+
+    ``metadata["file_path"]`` (written by this package's readers, and by LlamaIndex's
+    ``SimpleDirectoryReader``); for chunks indexed before it existed, ``source`` when it names a
+    file (:func:`_source_names_a_file`). Any other ``source`` is a label, not a file: a URL, a
+    system's name, or the document id the node parsers record when a document has none. Such a
+    document has no known file (None), so it is never taken for one whose file was deleted
+    (``rkit index --prune``).
+    """
+    path = metadata.get("file_path")
+    if isinstance(path, str) and path:
+        return _resolved(path)
+    return _resolved(metadata["source"]) if _source_names_a_file(metadata) else None
+
+
+def document_provenance(metadata: Dict[str, Any]) -> Optional[str]:
+    """What tells two documents with one id apart (:class:`DocumentIdConflictError`): the file
+    (:func:`document_origin`), else the ``metadata["source"]`` label as given (a URL, a system's
+    name: never resolved against the working folder, so the same label matches from anywhere),
+    except the document id the node parsers record as a chunk's ``source`` when its document has
+    none (no provenance: None)."""
+    origin = document_origin(metadata)
+    if origin is not None:
+        return origin
+    source = metadata.get("source")
+    if not isinstance(source, str) or not source or source == metadata.get("doc_id"):
+        return None
+    return source
 
 
 READ_ONLY_REASON = "it was opened with read_only=True"
@@ -1258,9 +1290,12 @@ class HybridIndex:
 
         Re-indexing the same file replaces its chunks. A document whose id is already indexed
         for a *different* file (``metadata["file_path"]``, or ``source`` in folders built before
-        ``file_path`` existed) is refused with :class:`DocumentIdConflictError`, since replacing it
-        would silently drop the other file from the index; pass ``allow_source_change=True`` to
-        replace it anyway (e.g. a file that moved).
+        ``file_path`` existed) or another ``metadata["source"]`` (a URL, a system's name:
+        :func:`document_provenance`) is refused with :class:`DocumentIdConflictError`, since
+        replacing it would silently drop the other document from the index; pass
+        ``allow_source_change=True`` to replace it anyway (e.g. a file that moved). A document
+        whose provenance is unknown on either side (no ``file_path``, no ``source``) replaces the
+        indexed one of its id: that is what an upsert by id means.
 
         Chunks are identified by node id (:mod:`~..retrievers.node_identity`): a chunk id that two
         documents of the batch produce, or that an indexed document outside the batch already holds
@@ -1290,7 +1325,7 @@ class HybridIndex:
             conflicts = [
                 (doc.id_, old, new)
                 for doc in documents
-                for old, new in [(self._indexed_origin(doc.id_), document_origin(doc.metadata))]
+                for old, new in [(self._indexed_provenance(doc.id_), document_provenance(doc.metadata))]
                 if old is not None and new is not None and old != new
             ]
             if conflicts:
@@ -1554,13 +1589,23 @@ class HybridIndex:
         info = self.docstore.get_ref_doc_info(doc_id)
         return list(info.node_ids) if info else []
 
-    def _indexed_origin(self, doc_id: str) -> Optional[str]:
-        """The file an indexed document came from (see :func:`document_origin`), if known."""
+    def _indexed_metadata(self, doc_id: str) -> Optional[Dict[str, Any]]:
+        """The metadata of an indexed document's first chunk (None: not indexed)."""
         for node_id in self._node_ids_of(doc_id):
             node = self.docstore.get_node(node_id, raise_error=False)
             if node is not None:
-                return document_origin(node.metadata)
+                return node.metadata
         return None
+
+    def _indexed_origin(self, doc_id: str) -> Optional[str]:
+        """The file an indexed document came from (see :func:`document_origin`), if known."""
+        metadata = self._indexed_metadata(doc_id)
+        return document_origin(metadata) if metadata is not None else None
+
+    def _indexed_provenance(self, doc_id: str) -> Optional[str]:
+        """Where an indexed document came from (see :func:`document_provenance`), if known."""
+        metadata = self._indexed_metadata(doc_id)
+        return document_provenance(metadata) if metadata is not None else None
 
     def document_origins(self) -> Dict[str, Optional[str]]:
         """Each indexed document id with the absolute path of the file it came from (None if unknown)."""

@@ -67,6 +67,7 @@ from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import MetadataMode, NodeRelationship, NodeWithScore, QueryBundle, RelatedNodeInfo, TextNode
 
 from .._options import StrictOptions
+from .._transient import TransientState
 from ..models import DEFAULT_EMBED_MODEL
 from ..node_parser.metadata import chunk_id
 from ..node_parser.tokenization import token_span_fn
@@ -784,7 +785,7 @@ def best_run(
 
 
 # ------------------------------------------------------------------------------ the postprocessor
-class ContextAssembler(PicklesTokenizer, StrictOptions, BaseNodePostprocessor):
+class ContextAssembler(PicklesTokenizer, TransientState, StrictOptions, BaseNodePostprocessor):
     """Turn retrieved chunks into a deduplicated, cited context of at most ``max_tokens`` tokens.
 
     ``postprocess_nodes(nodes, query_str=...)`` returns new nodes whose texts, in order, are
@@ -860,6 +861,8 @@ class ContextAssembler(PicklesTokenizer, StrictOptions, BaseNodePostprocessor):
     )
 
     __init_options__ = ("tokenizer",)
+    __transient_private__ = ("_span_fn", "_lock", "_last_report", "_context_report", "_terms_fn")
+    __shared_private__ = ("_tokenizer",)
 
     _tokenizer: Optional[Callable[[str], Sequence]] = PrivateAttr(default=None)
     _span_fn: Any = PrivateAttr(default=None)

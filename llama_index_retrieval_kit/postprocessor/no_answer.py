@@ -44,7 +44,7 @@ from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from .._options import StrictOptions
-from .._files import write_text_atomic
+from .._files import check_replaceable, write_text_atomic
 from ..tracing import trace_gate, tracing_enabled
 from .._enums import ChoiceEnum
 
@@ -744,9 +744,15 @@ class NoAnswerPostprocessor(StrictOptions, BaseNodePostprocessor):
         _CLOSED.set(GateDecision(query_str, self.no_answer_text, float(conf if conf is not None else 0.0), self.threshold, best))
 
     # ----------------------------------------------------------------- persistence
-    def save(self, path: str | Path) -> Path:
-        """Write the gate as JSON (no pickle)."""
+    def save(self, path: str | Path, overwrite: bool = False) -> Path:
+        """Write the gate as JSON (no pickle), replacing ``path`` whole (a crash leaves the earlier file).
+
+        A gate saved there before is replaced (calibrating again); any other existing file (a
+        dataset, a config, notes) is refused with a ValueError unless ``overwrite=True``."""
+        if not isinstance(overwrite, bool):
+            raise TypeError(f"overwrite must be True or False, got {overwrite!r}")
         path = Path(path)
+        check_gate_target(path, overwrite)
         data = {"format": FORMAT, **self.to_dict()}
         return write_text_atomic(path, json.dumps(data, indent=2, allow_nan=True))
 
@@ -770,6 +776,28 @@ class NoAnswerPostprocessor(StrictOptions, BaseNodePostprocessor):
                 "gate.feature_top_k to that similarity_top_k)", path,
             )
         return gate
+
+
+#: Bytes of a file read to tell whether it is a saved gate (a gate is a few KB).
+_GATE_FILE_MAX_BYTES = 1 << 20
+
+
+def is_saved_gate(path: str | Path) -> bool:
+    """Whether ``path`` holds a gate written by :meth:`NoAnswerPostprocessor.save` (a JSON object
+    naming :data:`FORMAT`); False for anything else, unreadable or larger than a gate can be."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(_GATE_FILE_MAX_BYTES + 1)
+        data = json.loads(head) if len(head) <= _GATE_FILE_MAX_BYTES else None
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(data, dict) and data.get("format") == FORMAT
+
+
+def check_gate_target(path: str | Path, overwrite: bool = False) -> None:
+    """Refuse (ValueError) a folder, or a gate file path holding something other than a saved
+    gate unless ``overwrite``: :meth:`NoAnswerPostprocessor.save` would replace it."""
+    check_replaceable(path, is_saved_gate, "a saved no-answer gate", "overwrite=True (rkit calibrate --overwrite)", overwrite)
 
 
 def _common_feature_set(results: Sequence[Sequence[NodeWithScore]]) -> FeatureSet:

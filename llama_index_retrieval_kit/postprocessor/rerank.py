@@ -36,6 +36,8 @@ inside methods, on first use: importing this module does not import torch.
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import hashlib
 import logging
 import math
@@ -63,6 +65,7 @@ from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, QueryBundle
 
 from .._options import StrictOptions
+from .._transient import TransientState
 from ..node_parser.metadata import SECTION_HEADER_KEY
 from ..retrievers.checks import check_positive_int, check_query_text
 from ..retrievers.fusion import FusedNodeWithScore
@@ -637,7 +640,7 @@ _MODEL_FIELDS = frozenset(
 
 
 # ------------------------------------------------------------------------------ the postprocessor
-class CrossEncoderReranker(StrictOptions, BaseNodePostprocessor):
+class CrossEncoderReranker(TransientState, StrictOptions, BaseNodePostprocessor):
     """Rerank retrieved nodes with a cross-encoder; ``score`` becomes its sigmoid probability.
 
     Each candidate ``(query, passage)`` pair gets the model's logit ``z``; results carry
@@ -708,12 +711,16 @@ class CrossEncoderReranker(StrictOptions, BaseNodePostprocessor):
     onnx_tolerance: float = Field(default=1e-3, description="Largest |logit difference| from PyTorch for ONNX to be used.")
     trust_remote_code: bool = Field(default=False, description="Let the model folder run its own code (custom architectures).")
 
+    __transient_private__ = ("_load_lock", "_last_stats", "_context_stats")
+    __reloaded_private__ = ("_scorer",)  # a loaded model: read only, guarded by its own lock
+
     _scorer: Any = PrivateAttr(default=None)
     _load_lock: Any = PrivateAttr(default_factory=threading.Lock)
     _cost: Optional[CallCostEstimate] = PrivateAttr(default=None)
     _fixed_prior_ms: float = PrivateAttr(default=0.0)
     _model_limit: Optional[int] = PrivateAttr(default=None)
     _last_stats: Optional[RerankStats] = PrivateAttr(default=None)
+    _context_stats: Any = PrivateAttr(default=None)  # ContextVar: the last stats of this thread / task
     _budget_warned: bool = PrivateAttr(default=False)
     _truncation_warned: bool = PrivateAttr(default=False)
 
@@ -835,8 +842,22 @@ class CrossEncoderReranker(StrictOptions, BaseNodePostprocessor):
 
     @property
     def last_stats(self) -> Optional[RerankStats]:
-        """What the most recent call did (candidates, scored, time); shared by threads using this object."""
-        return self._last_stats
+        """What the last call did (candidates, scored, time; None before the first).
+
+        Concurrency: the last call made in the reader's own thread or asyncio task (``query`` in a
+        thread pool, ``asyncio.gather`` of ``aquery``), else - the reader made none - the last call
+        of this reranker from anywhere. A traced query records its own call's stats."""
+        own = self._context_stats.get() if self._context_stats is not None else None
+        return own if own is not None else self._last_stats
+
+    def _remember(self, stats: RerankStats) -> None:
+        """Make ``stats`` :attr:`last_stats`: this thread's / task's, and the reranker's."""
+        self._last_stats = stats
+        if self._context_stats is None:
+            with self._load_lock:
+                if self._context_stats is None:
+                    self._context_stats = contextvars.ContextVar(f"CrossEncoderReranker.last_stats.{id(self)}", default=None)
+        self._context_stats.set(stats)
 
     def _ensure_scorer(self) -> Any:
         scorer = self._scorer
@@ -891,6 +912,22 @@ class CrossEncoderReranker(StrictOptions, BaseNodePostprocessor):
     def _postprocess_nodes(
         self, nodes: List[NodeWithScore], query_bundle: Optional[QueryBundle] = None
     ) -> List[NodeWithScore]:
+        results, stats = self._rerank_traced(nodes, query_bundle)
+        self._remember(stats)
+        return results
+
+    async def _apostprocess_nodes(
+        self, nodes: List[NodeWithScore], query_bundle: Optional[QueryBundle] = None
+    ) -> List[NodeWithScore]:
+        """As LlamaIndex does (the work in a thread), with the stats kept for the awaiting task."""
+        results, stats = await asyncio.to_thread(self._rerank_traced, nodes, query_bundle)
+        self._remember(stats)
+        return results
+
+    def _rerank_traced(
+        self, nodes: List[NodeWithScore], query_bundle: Optional[QueryBundle]
+    ) -> Tuple[List[NodeWithScore], RerankStats]:
+        """Check the input, rerank with LlamaIndex's rerank events, and trace when tracing is on."""
         if query_bundle is None:
             raise ValueError("CrossEncoderReranker needs the query: pass query_bundle or query_str")
         query = check_query_text(query_bundle.query_str, "QueryBundle.query_str")
@@ -909,19 +946,18 @@ class CrossEncoderReranker(StrictOptions, BaseNodePostprocessor):
                 EventPayload.TOP_K: self.top_n,
             },
         ) as event:
-            results: List[NodeWithScore] = list(self._rerank(query, list(nodes)))
+            reranked, stats = self._rerank(query, list(nodes))
+            results: List[NodeWithScore] = list(reranked)
             event.on_end(payload={EventPayload.NODES: results})
         dispatcher.event(ReRankEndEvent(nodes=results))
         if traced:
-            trace_rerank(self, query_bundle, nodes, results, started)
-        return results
+            trace_rerank(self, query_bundle, nodes, results, started, stats=stats)
+        return results, stats
 
-    def _rerank(self, query: str, nodes: List[NodeWithScore]) -> List[RerankedNodeWithScore]:
+    def _rerank(self, query: str, nodes: List[NodeWithScore]) -> Tuple[List[RerankedNodeWithScore], RerankStats]:
+        """The reranked results and what this call did."""
         if not nodes:
-            self._last_stats = RerankStats(
-                0, 0, 0, 0, 0.0, self.per_pair_ms, self.latency_budget_ms, fixed_call_ms=self.fixed_call_ms
-            )
-            return []
+            return [], RerankStats(0, 0, 0, 0, 0.0, self.per_pair_ms, self.latency_budget_ms, fixed_call_ms=self.fixed_call_ms)
         scorer = self._ensure_scorer()
         distinct = first_occurrences(nodes)
         duplicates = len(nodes) - len(distinct)
@@ -936,7 +972,7 @@ class CrossEncoderReranker(StrictOptions, BaseNodePostprocessor):
             scorer.token_counter.lengths(pairs[:scored]), self.max_length, [len(t) > max_chars for t in texts[:scored]]
         )
         results = reranked_results(pool, logits, self.top_n, input_ranks=[i + 1 for i in positions])
-        self._last_stats = RerankStats(
+        stats = RerankStats(
             candidates=len(nodes),
             capped_to=len(pool),
             scored=scored,
@@ -955,7 +991,7 @@ class CrossEncoderReranker(StrictOptions, BaseNodePostprocessor):
         if truncated and not self._truncation_warned:
             self._truncation_warned = True
             logger.warning(truncation_warning(self.model, truncated, scored, self.max_length, self._model_limit))
-        return results
+        return results, stats
 
     def _score_within_budget(self, scorer: Any, pairs: List[Tuple[str, str]]) -> Tuple[List[float], float]:
         """Logits of the first pairs that fit the latency budget (all pairs without one), and the time taken."""

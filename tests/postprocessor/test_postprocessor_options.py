@@ -67,3 +67,20 @@ def test_assembler_tokenizer_is_named_kept_by_pickle_and_asked_for_by_from_dict(
     assert context(ContextAssembler.from_dict(data, tokenizer=words)) == context(assembler)
     with pytest.raises(pickle.PicklingError, match="module-level function"):
         pickle.dumps(ContextAssembler(max_tokens=60, tokenizer=lambda s: s.split()))
+
+
+def test_a_used_assembler_deep_copies_and_pickles_like_a_new_one(caplog: pytest.LogCaptureFixture) -> None:
+    """Locks, context variables and cached tokenizers are runtime state: a deep copy starts them
+    afresh (it raised TypeError on the lock), a pickle leaves them out (LlamaIndex warned for each)."""
+    import copy
+
+    assembler = ContextAssembler(max_tokens=60, tokenizer=words)
+    first = context(assembler)
+    assert assembler.last_report is not None
+    twin = copy.deepcopy(assembler)
+    assert twin.to_dict() == assembler.to_dict() and twin.last_report is None
+    assert context(twin) == first
+    with caplog.at_level("WARNING"):
+        restored = pickle.loads(pickle.dumps(assembler))
+    assert "unpickleable" not in caplog.text
+    assert context(restored) == first and context(assembler) == first

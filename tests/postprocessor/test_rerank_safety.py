@@ -309,3 +309,51 @@ def test_loading_warms_up_and_measures_the_fixed_cost_outside_the_estimate(model
     assert (stats.per_pair_ms, stats.fixed_call_ms) == (reranker.per_pair_ms, reranker.fixed_call_ms)
     reranker.max_length = 64  # a model setting: the model and its estimate go
     assert reranker.per_pair_ms is None and reranker.fixed_call_ms is None
+
+
+# ------------------------------------------------------------------------------ stats per query, copies
+def test_each_gathered_query_reads_and_traces_its_own_stats(model_dir: str) -> None:
+    """``last_stats`` and the trace's rerank record belong to the query that made the call, not to
+    whichever concurrent call finished last: queries with 2 to 13 distinct candidates, gathered."""
+    from llama_index_retrieval_kit.tracing import collect_traces
+
+    reranker = make_reranker(model_dir, top_n=1, batch_size=2).load()
+    pools = {f"q{k}": varied_candidates(2 + k) for k in range(12)}
+
+    async def one(query: str) -> Any:
+        await reranker.apostprocess_nodes(pools[query], query_str=query)
+        await asyncio.sleep(0)  # let the other queries finish theirs first
+        return query, reranker.last_stats
+
+    async def gathered() -> List[Any]:
+        return await asyncio.gather(*(one(q) for q in pools))
+
+    with collect_traces() as collector:
+        seen = asyncio.run(gathered())
+    assert {q: stats.candidates for q, stats in seen} == {q: len(pool) for q, pool in pools.items()}
+    traced = {t.query_str: t.stage("rerank").attributes["scored"] for t in collector.traces}
+    assert traced == {q: len(pool) for q, pool in pools.items()}
+
+    with ThreadPoolExecutor(4) as pool:
+        def in_thread(query: str) -> int:
+            reranker.postprocess_nodes(pools[query], query_str=query)
+            time.sleep(0.01)
+            return reranker.last_stats.candidates
+        assert list(pool.map(in_thread, list(pools) * 2)) == [len(pools[q]) for q in list(pools) * 2]
+
+
+def test_a_used_reranker_deep_copies_and_pickles_like_a_new_one(model_dir: str, caplog: pytest.LogCaptureFixture) -> None:
+    import copy
+    import pickle
+
+    reranker = make_reranker(model_dir, top_n=3).load()
+    candidates = varied_candidates(6)
+    first = logits_by_id(reranker.postprocess_nodes(candidates, query_str=QUERIES[0]))
+    twin = copy.deepcopy(reranker)  # a lock in the state made this raise TypeError
+    assert twin.to_dict() == reranker.to_dict() and twin.is_loaded  # the loaded model is shared, not copied
+    assert twin.last_stats is None
+    assert logits_by_id(twin.postprocess_nodes(candidates, query_str=QUERIES[0])) == pytest.approx(first)
+    with caplog.at_level(logging.WARNING):
+        restored = pickle.loads(pickle.dumps(reranker))
+    assert "unpickleable" not in caplog.text  # LlamaIndex warned for each lock and context variable
+    assert restored.to_dict() == reranker.to_dict()
