@@ -288,7 +288,8 @@ def cmd_index(args: argparse.Namespace) -> int:
     if args.push:
         with HybridIndex.load(storage) as index:
             # its own earlier copy is replaced; another index's or application's collection only with --push-overwrite
-            copied = index.push_to(args.push, api_key=os.environ.get("QDRANT_API_KEY"), overwrite=args.push_overwrite, switch=args.switch)
+            copied = index.push_to(args.push, api_key=os.environ.get("QDRANT_API_KEY"), overwrite=args.push_overwrite, switch=args.switch,
+                                   show_progress=not args.quiet)
         where = "the index now lives there" if args.switch else f"serve it with HybridIndex.load({str(storage)!r}, qdrant_url={args.push!r})"
         _out(f"copied {copied} points to {args.push}; {where}")
     return EXIT_PARTIAL if failures else EXIT_OK
@@ -1454,18 +1455,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
 
 
-def _validation_error_text(exc: Any) -> str:
-    """A pydantic ``ValidationError`` in one line: the model, then each field, its problem and the value."""
-    parts = []
-    for err in exc.errors():
-        where = ".".join(str(p) for p in err.get("loc", ()))
-        msg = str(err.get("msg", "")).removeprefix("Value error, ")
-        if err.get("type") != "value_error" and "input" in err:
-            msg += f", got {err['input']!r}"
-        parts.append(f"{where}: {msg}" if where else msg)
-    return f"{exc.title}: " + "; ".join(parts)
-
-
 def _server_error(exc: BaseException) -> str | None:
     """How a Qdrant server failed when ``exc`` comes from talking to one (unreachable, or refusing
     the API key), else None. Looked up among the modules already imported: a command that talked to
@@ -1497,7 +1486,9 @@ def error_text(exc: BaseException) -> str:
         )
     pydantic = sys.modules.get("pydantic")
     if pydantic is not None and isinstance(exc, pydantic.ValidationError):
-        return _validation_error_text(exc)
+        from ._options import validation_error_text
+
+        return validation_error_text(exc)
     return str(exc)
 
 

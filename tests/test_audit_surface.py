@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 from pathlib import Path
 
 import pytest
 
 from llama_index_retrieval_kit.cli import EXIT_PARTIAL, EXIT_USAGE, main
+from llama_index_retrieval_kit.evaluation.configs import ConfigError
 from llama_index_retrieval_kit.pipeline import PipelineConfig, PipelineConfigError
 
 
@@ -25,8 +27,11 @@ def _run(*argv: str) -> tuple[int, str, str]:
 
 
 def _one_error_line(err: str) -> str:
-    """The single ``rkit: error:`` line of ``err`` (no traceback, no pydantic help lines)."""
-    lines = [line for line in err.splitlines() if line.strip()]
+    """The single ``rkit: error:`` line of ``err`` (no traceback, no pydantic help lines). A library's
+    progress bar is not counted: ``rkit -q`` turns them off through the environment, which
+    transformers reads when first imported (an earlier test's import here, a fresh process for users)."""
+    progress = re.compile(r"^[^:]*:\s+\d+%\|.*\|")
+    lines = [line for line in err.splitlines() if line.strip() and not progress.match(line)]
     assert len(lines) == 1 and lines[0].startswith("rkit: error: "), err
     assert "Traceback" not in err and "errors.pydantic.dev" not in err
     return lines[0]
@@ -189,3 +194,48 @@ def test_build_query_engine_refuses_a_misspelt_engine_option_before_opening_anyt
     config = PipelineConfig.from_dict({"index": {"storage_dir": str(tmp_path / "no-index")}})
     with pytest.raises(TypeError, match=r"unknown option\(s\) 'respons_mode'; allowed: .*response_mode"):
         build_query_engine(config, llm=MockLLM(), respons_mode="tree_summarize")  # was: dropped by from_args(**kwargs)
+
+
+# ----------------------------------------------------------------------------- YAML files
+def test_a_key_given_twice_in_a_config_is_refused_naming_both_lines(tmp_path: Path) -> None:
+    config = tmp_path / "pipeline.yaml"
+    config.write_text("index: {storage_dir: a}\nretriever: {mode: hybrid}\nindex: {storage_dir: b}\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"line 3.*key 'index' is given twice \(first on line 1\)"):
+        PipelineConfig.from_yaml(config)  # was: storage_dir b, silently
+    code, _, err = _run("query", "late fee?", "--config", str(config))
+    assert code == EXIT_USAGE and "key 'index' is given twice" in _one_error_line(err)
+    nested = tmp_path / "nested.yaml"
+    nested.write_text("index:\n  storage_dir: a\n  storage_dir: b\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="key 'storage_dir' is given twice"):
+        PipelineConfig.from_yaml(nested)
+    merged = tmp_path / "merged.yaml"  # a '<<' merge's keys may be overridden: that is what merges are for
+    merged.write_text("base: &b {storage_dir: a}\nindex:\n  <<: *b\n  storage_dir: b\n", encoding="utf-8")
+    from llama_index_retrieval_kit.evaluation.configs import read_yaml_file
+
+    assert read_yaml_file(merged)["index"] == {"storage_dir": "b"}
+
+
+def test_a_config_path_that_is_a_folder_is_named_as_one(tmp_path: Path) -> None:
+    code, _, err = _run("query", "late fee?", "--config", str(tmp_path))
+    assert code == EXIT_USAGE and "is a folder; give the path of a .yaml configuration file" in _one_error_line(err)
+
+
+def test_eval_docs_with_no_supported_file_say_so(tmp_path: Path) -> None:
+    from llama_index_retrieval_kit.evaluation import load_dataset
+    from llama_index_retrieval_kit.evaluation.job import dataset_documents
+    from llama_index_retrieval_kit.samples import QUESTIONS_FILE
+
+    (tmp_path / "notes.docx").write_bytes(b"PK\x03\x04")  # skipped (logged) as an unsupported type
+    with pytest.raises(ValueError, match=r"no document could be read from .*: no supported file there \(supported: \.pdf"):
+        dataset_documents(load_dataset(QUESTIONS_FILE), Path(QUESTIONS_FILE), [tmp_path])  # was: nothing after the colon
+
+
+def test_bad_parser_arguments_in_an_eval_config_are_one_line(tmp_path: Path) -> None:
+    from llama_index_retrieval_kit.samples import QUESTIONS_FILE
+
+    config = tmp_path / "c.yaml"
+    config.write_text("retriever: bm25\nnode_parser: {chunk_size: 0}\n", encoding="utf-8")
+    code, _, err = _run("eval", "--dataset", str(QUESTIONS_FILE), "--config", str(config), "--out", str(tmp_path / "out"))
+    line = _one_error_line(err)  # was: pydantic's four lines and its help link
+    assert code == EXIT_USAGE and "key 'node_parser'" in line and "chunk_size: Input should be greater than 0, got 0" in line
+    assert not (tmp_path / "out").exists()

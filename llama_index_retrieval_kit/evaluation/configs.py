@@ -38,14 +38,16 @@ value and the allowed ones.
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import json
 import math
 import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Dict, Mapping
 
+from .._options import validation_error_text
 from ..models import DEFAULT_EMBED_MODEL
 
 #: Built-in retriever names and what they are.
@@ -239,7 +241,7 @@ def build_parser(class_name: str, args: Mapping[str, Any], source: str = "config
     try:
         return _parser_class(class_name)(**dict(args))
     except (ValueError, TypeError) as exc:  # pydantic ValidationError is a ValueError
-        raise ConfigError(source, f"invalid arguments for {class_name}: {exc}", "node_parser") from exc
+        raise ConfigError(source, f"invalid arguments for {class_name}: {validation_error_text(exc)}", "node_parser") from exc
 
 
 # --------------------------------------------------------------------------------------------
@@ -327,19 +329,53 @@ def config_from_dict(data: Mapping[str, Any], source: str = "config", default_na
     )
 
 
+@functools.lru_cache(maxsize=1)
+def _unique_keys_loader() -> Any:
+    """A ``yaml.SafeLoader`` subclass that refuses a key repeated in one mapping."""
+    import yaml
+
+    class UniqueKeySafeLoader(yaml.SafeLoader):
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            if isinstance(node, yaml.MappingNode):
+                seen: Dict[Any, Any] = {}
+                for key_node, _ in node.value:  # keys written here (a '<<' merge's keys may be overridden)
+                    if key_node.tag == "tag:yaml.org,2002:merge":
+                        continue
+                    key = self.construct_object(key_node, deep=True)
+                    try:
+                        first = seen.setdefault(key, key_node)
+                    except TypeError:  # an unhashable key: the base class reports it
+                        continue
+                    if first is not key_node:
+                        raise yaml.constructor.ConstructorError(
+                            None, None,
+                            f"key {key!r} is given twice (first on line {first.start_mark.line + 1}); "
+                            "YAML would keep only the last: merge the two or remove one",
+                            key_node.start_mark,
+                        )
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeySafeLoader
+
+
 def read_yaml_file(
     path: str | Path, empty_hint: str = "it needs at least 'retriever: <name>'", missing_hint: str | None = None
 ) -> Any:
-    """Parsed YAML of ``path``; errors are :class:`ConfigError` naming the file (and line)."""
+    """Parsed YAML of ``path``; errors are :class:`ConfigError` naming the file (and line).
+
+    A key given twice in one mapping is refused (YAML loaders keep the last silently, so a
+    second ``index:`` section would replace the first without a word)."""
     import yaml
 
     file_path = Path(path)
+    if file_path.is_dir():
+        raise ConfigError(str(file_path), "is a folder; give the path of a .yaml configuration file")
     if not file_path.is_file():
         raise ConfigError(str(file_path), "file not found; " + (
             missing_hint or f"give a built-in name ({', '.join(RETRIEVERS)}) or the path of a .yaml configuration"
         ))
     try:
-        data = yaml.safe_load(file_path.read_text(encoding="utf-8"))
+        data = yaml.load(file_path.read_text(encoding="utf-8"), Loader=_unique_keys_loader())  # noqa: S506 - a SafeLoader
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""

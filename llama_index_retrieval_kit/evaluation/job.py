@@ -133,13 +133,17 @@ def dataset_documents(
 
         docs = sample_files()
     from ..ingest import read_documents
+    from ..readers.text import SUPPORTED_SUFFIXES
 
     missing = [str(p) for p in docs if not Path(p).exists()]
     if missing:
         raise ValueError(f"--docs path(s) not found: {missing}")
     documents, failures = read_documents(docs, show_progress=show_progress)
     if not documents:
-        raise ValueError(f"no document could be read from {[str(p) for p in docs]}: " + "; ".join(map(str, failures)))
+        why = "; ".join(map(str, failures)) if failures else (
+            f"no supported file there (supported: {', '.join(SUPPORTED_SUFFIXES)}, and UTF-8 text without a suffix)"
+        )
+        raise ValueError(f"no document could be read from {[str(p) for p in docs]}: {why}")
     if failures:
         logger.warning("%d file(s) could not be read and are not indexed: %s", len(failures), [str(f) for f in failures])
     return documents, ", ".join(str(p) for p in docs)

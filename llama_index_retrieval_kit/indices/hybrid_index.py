@@ -1618,6 +1618,7 @@ class HybridIndex:
         collection: Optional[str] = None,
         overwrite: bool = False,
         switch: bool = False,
+        show_progress: bool = False,
     ) -> int:
         """Copy this embedded index's points (vectors and payloads, as stored) to a Qdrant server or
         cluster, served there as ``collection`` (default: the index's, ``manifest.collection``), with
@@ -1644,12 +1645,13 @@ class HybridIndex:
         ``index.json`` records the server and the new collection, this object writes there from now
         on and ``edge/`` is deleted (that collection records no snapshot state: it is the index).
         Qdrant Edge's snapshots are the other route (see docs/architecture.md).
+        ``show_progress``: a progress bar over the points copied.
         """
         if self.store.kind != "edge":
             raise ValueError(f"{self.storage_dir} already lives on {self.store.location}; push_to copies an embedded index")
         if not isinstance(qdrant_url, str) or not qdrant_url.strip():
             raise ValueError(f"qdrant_url must be a non-empty str, got {qdrant_url!r}")
-        for flag, value in (("overwrite", overwrite), ("switch", switch)):
+        for flag, value in (("overwrite", overwrite), ("switch", switch), ("show_progress", show_progress)):
             if not isinstance(value, bool):
                 raise TypeError(f"{flag} must be True or False, got {value!r}")
         name = check_collection_name(collection if collection is not None else self.manifest.collection, served=True)
@@ -1673,7 +1675,7 @@ class HybridIndex:
                 target = _store.ServerPoints(client, _store.build_collection_name(name), url=qdrant_url, index_id=index_id, folder_state=state)
                 try:
                     with self._rw_lock.read():
-                        copied = self._copy_points(target)
+                        copied = self._copy_points(target, show_progress)
                     self._take_name(names, name, target.collection, index_id, None, overwrite, PUSH_OVERWRITE_ADVICE)
                 except BaseException:
                     self._delete_quietly(names, target.collection)
@@ -1703,17 +1705,30 @@ class HybridIndex:
         )
         return copied
 
-    def _copy_points(self, target: Any) -> int:
+    def _copy_points(self, target: Any, show_progress: bool = False) -> int:
         """Copy every stored point into the new server collection ``target``; returns how many."""
         target.create(self.manifest.embed_dim)
         copied = 0
         batch: List[Any] = []
-        for point in self.store.iter_points():
-            batch.append(point)
-            if len(batch) >= _store.SERVER_UPSERT_BATCH:
-                copied += self._copy_batch(target, batch)
-                batch = []
-        copied += self._copy_batch(target, batch)
+        bar = None
+        if show_progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(self.bm25), desc="Pushing", unit="point")
+        try:
+            for point in self.store.iter_points():
+                batch.append(point)
+                if len(batch) >= _store.SERVER_UPSERT_BATCH:
+                    copied += self._copy_batch(target, batch)
+                    if bar is not None:
+                        bar.update(len(batch))
+                    batch = []
+            copied += self._copy_batch(target, batch)
+            if bar is not None:
+                bar.update(len(batch))
+        finally:
+            if bar is not None:
+                bar.close()
         if target.count() != len(self.bm25):
             raise RuntimeError(f"{target.location} holds {target.count()} point(s) after the copy, the index {len(self.bm25)}")
         target.ensure_payload_indexes(self.store.payload_indexes)  # the shard's, for the same filters

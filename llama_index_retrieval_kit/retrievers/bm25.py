@@ -23,7 +23,10 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import os
 import re
+import shutil
+import stat
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +43,7 @@ from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, Query
 from llama_index.core.storage.docstore.utils import doc_to_json, json_to_doc
 from llama_index.core.vector_stores.types import MetadataFilters
 
+from .._files import atomic_writer, fsync_dir
 from .._json_fragments import FragmentCache
 from .bm25_counts import VECTORISED_METHODS, TermCounts, count_terms, counted_index, updated_counts
 from .checks import check_positive_int, check_query_text, checked_query
@@ -57,6 +61,12 @@ _NODES_FILE = "nodes.json"
 _BM25S_DIR = "bm25s"
 _TOKEN_IDS_FILE = "tokens.npz"
 _TOKEN_VOCAB_FILE = "tokens_vocab.json"
+# What persist writes into its folder, in the order an earlier persist is set aside (the config
+# first: a folder without it holds no complete index). Nothing else in the folder is touched.
+_PAYLOAD = (_CONFIG_FILE, _NODES_FILE, _BM25S_DIR, _TOKEN_IDS_FILE, _TOKEN_VOCAB_FILE)
+_PREVIOUS_DIR = ".previous"  # the earlier persist while a new one is written over it
+_COMPLETE_MARKER = ".complete"  # in _PREVIOUS_DIR: every earlier payload entry has been moved there
+_CONFIG_TEMP_GLOB = f".{_CONFIG_FILE}.*.tmp"  # atomic_writer's temporary files for the config
 
 # Stopword lists shipped with bm25s, by the names bm25s accepts.
 _STOPWORDS: Dict[str, Tuple[str, ...]] = {}
@@ -286,9 +296,15 @@ class PackedTokens(Sequence[Tuple[str, ...]]):
 
     @classmethod
     def load(cls, folder: Path) -> "PackedTokens":
-        with np.load(folder / _TOKEN_IDS_FILE, allow_pickle=False) as arrays:
+        """Read what :meth:`save` wrote into ``folder``."""
+        return cls.load_files(folder / _TOKEN_IDS_FILE, folder / _TOKEN_VOCAB_FILE)
+
+    @classmethod
+    def load_files(cls, ids_path: Path, vocab_path: Path) -> "PackedTokens":
+        """Read the ids (npz) and the vocabulary (JSON) :meth:`save` wrote, from these two files."""
+        with np.load(ids_path, allow_pickle=False) as arrays:
             ids, offsets = arrays["ids"], arrays["offsets"]
-        vocab = json.loads((folder / _TOKEN_VOCAB_FILE).read_text(encoding="utf-8"))
+        vocab = json.loads(Path(vocab_path).read_text(encoding="utf-8"))
         return cls(vocab, ids, offsets)
 
 
@@ -474,6 +490,141 @@ def persisted_node_json(node: BaseNode) -> bytes:
 
 def _encode_node(node_id: str, node: BaseNode) -> bytes:
     return persisted_node_json(node)
+
+
+# ----- persisting over an earlier persist -----------------------------------------------------------
+#
+# A persist into a folder holding an earlier one first moves the earlier payload into
+# ``folder/.previous/`` (the config first), marks it complete, writes the new payload with the
+# config last (atomic), then deletes ``.previous/``. Whenever it stops, the folder holds a whole
+# index: the new one once ``folder/retriever.json`` exists, else the earlier one, read entry by
+# entry from ``.previous/`` (or, for entries not moved yet, from the folder).
+
+
+def _remove_entry(path: Path) -> None:
+    """Delete a file, link or folder (not following links); missing is fine."""
+    if path.is_symlink() or path.is_file():
+        path.unlink(missing_ok=True)
+    elif path.is_dir():
+        shutil.rmtree(path)
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(str(path), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_payload(folder: Path) -> None:
+    """Flush the payload written into ``folder`` (files, then folders) before the config names it."""
+    for name in _PAYLOAD[1:]:
+        path = folder / name
+        if path.is_symlink() or not path.exists():
+            continue
+        if path.is_file():
+            _fsync_file(path)
+            continue
+        folders = []
+        for root, _dirs, files in os.walk(path):
+            folders.append(root)
+            for file_name in files:
+                _fsync_file(Path(root) / file_name)
+        for root in reversed(folders):
+            fsync_dir(root)
+    fsync_dir(folder)
+
+
+def _move_payload_aside(folder: Path, previous: Path) -> None:
+    """Move the earlier payload entries still in ``folder`` into ``previous`` (the config first),
+    then durably mark ``previous`` complete. An entry already in ``previous`` wins: the copy in
+    ``folder`` is not part of the earlier index (load reads ``previous``'s) and is removed."""
+    for name in _PAYLOAD:
+        source = folder / name
+        if not os.path.lexists(source):
+            continue
+        if os.path.lexists(previous / name):
+            _remove_entry(source)
+        else:
+            os.replace(source, previous / name)
+    fsync_dir(previous)
+    fsync_dir(folder)
+    with atomic_writer(previous / _COMPLETE_MARKER, make_parents=False) as fh:
+        fh.write("")
+
+
+def _clear_previous(folder: Path) -> None:
+    """Delete ``folder/.previous``: the payload entries and marker in it, then the folder itself.
+    Anything else in it was not written by persist: kept, and a ValueError naming it."""
+    previous = folder / _PREVIOUS_DIR
+    if not os.path.lexists(previous):
+        return
+    if previous.is_dir() and not previous.is_symlink():
+        for name in (*_PAYLOAD, _COMPLETE_MARKER):
+            _remove_entry(previous / name)
+        for leftover in previous.glob(f".{_COMPLETE_MARKER}.*.tmp"):  # an interrupted marker write
+            leftover.unlink(missing_ok=True)
+        others = sorted(p.name for p in previous.iterdir())
+        if others:
+            raise ValueError(
+                f"{previous} holds {others}, which BM25Retriever.persist did not write; it uses that folder "
+                "to keep the earlier index while writing a new one. Move them elsewhere and persist again."
+            )
+        previous.rmdir()
+    else:
+        raise ValueError(f"{previous} is not a folder; BM25Retriever.persist keeps the earlier index there. Move it elsewhere.")
+    fsync_dir(folder)
+
+
+def _remove_previous(folder: Path) -> None:
+    """:func:`_clear_previous` once the new index is complete: a failure is only logged (a stale
+    ``.previous`` beside a complete config is ignored by load and removed by the next persist)."""
+    try:
+        _clear_previous(folder)
+    except (OSError, ValueError) as exc:
+        logger.warning("%s: could not delete %s after persisting (%s)", folder, folder / _PREVIOUS_DIR, exc)
+
+
+def _set_aside_earlier(folder: Path) -> bool:
+    """Make ``folder`` ready for a new payload without losing the index it holds; returns whether
+    an earlier index was set aside in ``folder/.previous`` (to delete once the new one is complete).
+
+    A folder without an earlier persist is left as it is (and False returned). After an
+    interrupted persist, ``.previous`` holds the earlier index: the entries not moved yet are
+    moved, or, once it is complete, the new entries the interrupted persist left are removed."""
+    previous = folder / _PREVIOUS_DIR
+    config_here = (folder / _CONFIG_FILE).exists()
+    config_aside = (previous / _CONFIG_FILE).exists()
+    for leftover in folder.glob(_CONFIG_TEMP_GLOB):  # an interrupted atomic write of the config
+        leftover.unlink(missing_ok=True)
+    if config_here:
+        _clear_previous(folder)  # left by a persist that completed
+        previous.mkdir()
+        fsync_dir(folder)
+        _move_payload_aside(folder, previous)
+        return True
+    if not config_aside:
+        return False
+    if not (previous / _COMPLETE_MARKER).exists():
+        _move_payload_aside(folder, previous)  # what is still in the folder is the earlier index's
+    else:
+        for name in _PAYLOAD[1:]:  # the interrupted persist's partial files
+            _remove_entry(folder / name)
+        fsync_dir(folder)
+    return True
+
+
+def _payload_paths(folder: Path) -> Tuple[Dict[str, Path], bool]:
+    """Where :meth:`BM25Retriever.load` reads each payload entry, and whether that is the earlier
+    index an interrupted persist left in ``folder/.previous`` (entries it has not moved there
+    yet are still in ``folder``; once it is complete, every one it uses is there)."""
+    previous = folder / _PREVIOUS_DIR
+    if (folder / _CONFIG_FILE).exists() or not (previous / _CONFIG_FILE).exists():
+        return {name: folder / name for name in _PAYLOAD}, False
+    complete = (previous / _COMPLETE_MARKER).exists()
+    paths = {name: previous / name if complete or os.path.lexists(previous / name) else folder / name for name in _PAYLOAD}
+    return paths, True
 
 
 def _check_params(k1: float, b: float, method: str, similarity_top_k: int) -> None:
@@ -799,6 +950,12 @@ class BM25Retriever(BaseRetriever):
     def persist(self, folder: Union[str, Path]) -> None:
         """Save the bm25s index, the nodes (JSON), their tokens, the tokenizer settings and the parameters.
 
+        Only this payload is written (``retriever.json``, ``nodes.json``, ``bm25s/``, ``tokens.npz``,
+        ``tokens_vocab.json``); other files in ``folder`` are left alone. Over an earlier persist, a
+        failure or crash part-way never loses it: the earlier payload waits in ``folder/.previous/``
+        until the new one is complete (``retriever.json`` is written last, atomically), and
+        :meth:`load` reads the earlier index until a persist completes.
+
         Filters and ``custom_tokenizer`` are not saved: pass them to :meth:`load`. Each node's
         JSON is kept (shared with this index's views) and reused while the node stays indexed,
         so a persist after a small update encodes only the new nodes; the memory this takes is
@@ -807,18 +964,10 @@ class BM25Retriever(BaseRetriever):
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         snapshot = self._shared.snapshot
-        if snapshot.bm25 is not None:
-            snapshot.bm25.save(folder / _BM25S_DIR, show_progress=False)
         # Bytes of json.dumps([doc_to_json(n) for n in nodes], ensure_ascii=False), from each
         # node's cached encoding (persisted_node_json): only nodes new since the last persist
-        # are encoded.
+        # are encoded. Encoded before any file is touched: a node that cannot be encoded changes nothing.
         fragments = self._node_json.fragments(zip(snapshot.node_ids, snapshot.nodes), _encode_node)
-        with open(folder / _NODES_FILE, "wb") as f:
-            f.write(b"[")
-            f.write(b", ".join(fragments))
-            f.write(b"]")
-        if snapshot.tokens is not None:
-            snapshot.tokens.save(folder)
         config = {
             "format_version": PERSIST_FORMAT_VERSION,
             "bm25s_version": bm25s.__version__,
@@ -832,8 +981,24 @@ class BM25Retriever(BaseRetriever):
             "has_tokens": snapshot.tokens is not None,
             "tokenizer": self._tokenizer_config.to_persisted(),
         }
-        with open(folder / _CONFIG_FILE, "w", encoding="utf-8") as f:
+        replacing = _set_aside_earlier(folder)
+        if snapshot.bm25 is not None:
+            snapshot.bm25.save(folder / _BM25S_DIR, show_progress=False)
+        with open(folder / _NODES_FILE, "wb") as f:
+            f.write(b"[")
+            f.write(b", ".join(fragments))
+            f.write(b"]")
+        if snapshot.tokens is not None:
+            snapshot.tokens.save(folder)
+        if replacing:  # on disk before the config makes them the index and the earlier one is deleted
+            _fsync_payload(folder)
+        # Last and in one rename: from here on the folder holds the new index. Its permissions are
+        # those open() gave nodes.json (the umask's), as when the config was written with open().
+        mode = stat.S_IMODE((folder / _NODES_FILE).stat().st_mode)
+        with atomic_writer(folder / _CONFIG_FILE, file_mode=mode, sync_folder=replacing) as f:
             json.dump(config, f, indent=2, ensure_ascii=False)
+        if replacing:
+            _remove_previous(folder)
         logger.info("bm25 index with %d nodes saved to %s", len(snapshot.nodes), folder)
 
     @classmethod
@@ -849,6 +1014,9 @@ class BM25Retriever(BaseRetriever):
     ) -> "BM25Retriever":
         """Load a retriever saved by :meth:`persist`; it scores exactly like the saved one.
 
+        When the last persist into ``folder`` was interrupted, the index it was replacing is loaded
+        (with a warning). Nothing is written.
+
         Args:
             folder: The folder given to ``persist``.
             custom_tokenizer: Required if (and only if) the index was built with one; pass the same callable.
@@ -856,9 +1024,17 @@ class BM25Retriever(BaseRetriever):
             similarity_top_k: Override the saved number of results per query.
         """
         folder = Path(folder)
-        config_path = folder / _CONFIG_FILE
+        paths, interrupted = _payload_paths(folder)
+        config_path = paths[_CONFIG_FILE]
         if not config_path.exists():
             raise ValueError(f"{folder} holds no {_CONFIG_FILE}; is it a folder written by BM25Retriever.persist?")
+        if interrupted:
+            logger.warning(
+                "%s: a persist into this folder was interrupted; loading the index it was replacing (from %s). "
+                "Persist again to finish replacing it.",
+                folder,
+                folder / _PREVIOUS_DIR,
+            )
         config = json.loads(config_path.read_text(encoding="utf-8"))
         if config.get("format_version") != PERSIST_FORMAT_VERSION:
             raise ValueError(
@@ -889,19 +1065,19 @@ class BM25Retriever(BaseRetriever):
             callback_manager=callback_manager,
             verbose=verbose,
         )
-        nodes = [json_to_doc(d) for d in json.loads((folder / _NODES_FILE).read_text(encoding="utf-8"))]
+        nodes = [json_to_doc(d) for d in json.loads(paths[_NODES_FILE].read_text(encoding="utf-8"))]
         if len(nodes) != config["num_nodes"]:
             raise ValueError(f"{folder}: {_NODES_FILE} holds {len(nodes)} nodes, expected {config['num_nodes']}")
         bm25 = None
         if config["has_bm25_index"]:
-            bm25 = bm25s.BM25.load(folder / _BM25S_DIR, load_corpus=False, show_progress=False)
+            bm25 = bm25s.BM25.load(paths[_BM25S_DIR], load_corpus=False, show_progress=False)
             if bm25.scores["num_docs"] != len(nodes):
                 raise ValueError(
                     f"{folder}: the bm25s index has {bm25.scores['num_docs']} documents but there are {len(nodes)} nodes"
                 )
         tokens = None
         if config.get("has_tokens"):  # indexes saved before tokens were persisted re-tokenize on their first update
-            tokens = PackedTokens.load(folder)
+            tokens = PackedTokens.load_files(paths[_TOKEN_IDS_FILE], paths[_TOKEN_VOCAB_FILE])
             if len(tokens) != len(nodes):
                 raise ValueError(f"{folder}: {_TOKEN_IDS_FILE} holds tokens of {len(tokens)} nodes, expected {len(nodes)}")
         nodes = tuple(nodes)

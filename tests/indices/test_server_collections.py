@@ -195,6 +195,15 @@ def test_a_rebuild_never_takes_a_collection_shared_with_another_folder(tmp_path:
 
 
 # ------------------------------------------------------------------------------------ push_to
+def test_push_shows_a_progress_bar_when_asked(tmp_path: Path, server: QdrantClient, capsys: pytest.CaptureFixture) -> None:
+    with HybridIndex.from_documents(documents("p", 3), tmp_path / "P", embed_model=MODEL) as index:
+        capsys.readouterr()
+        assert index.push_to(URL, collection="progress", show_progress=True) == 3
+        assert "Pushing" in capsys.readouterr().err
+        with pytest.raises(TypeError, match="show_progress must be True or False"):
+            index.push_to(URL, collection="progress", show_progress="yes")
+
+
 def test_push_replaces_its_own_copy_and_refuses_anything_else(tmp_path: Path, server: QdrantClient) -> None:
     foreign_collection(server)
     with HybridIndex.from_documents(documents("e"), tmp_path / "E", embed_model=MODEL) as index:
