@@ -24,22 +24,6 @@ def check_options(owner: str, given: Mapping[str, Any], allowed: Iterable[str]) 
         )
 
 
-def validation_error_text(exc: Any) -> str:
-    """A pydantic ``ValidationError`` in one line: the model, then each field, its problem and the
-    value (not pydantic's several lines and help links). Any other exception: ``str(exc)``."""
-    errors = getattr(exc, "errors", None)
-    if not callable(errors) or not hasattr(exc, "title"):
-        return str(exc)
-    parts = []
-    for err in errors():
-        where = ".".join(str(p) for p in err.get("loc", ()))
-        msg = str(err.get("msg", "")).removeprefix("Value error, ")
-        if err.get("type") != "value_error" and "input" in err:
-            msg += f", got {err['input']!r}"
-        parts.append(f"{where}: {msg}" if where else msg)
-    return f"{exc.title}: " + "; ".join(parts)
-
-
 class StrictOptions:
     """Mixin for LlamaIndex components (pydantic models): every constructor keyword must be a field
     or one of ``__init_options__`` (keywords the class's ``__init__`` takes itself). A

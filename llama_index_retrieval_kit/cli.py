@@ -1486,7 +1486,7 @@ def error_text(exc: BaseException) -> str:
         )
     pydantic = sys.modules.get("pydantic")
     if pydantic is not None and isinstance(exc, pydantic.ValidationError):
-        from ._options import validation_error_text
+        from ._errors import validation_error_text
 
         return validation_error_text(exc)
     return str(exc)

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Mapping
 
-from .._options import validation_error_text
+from .._errors import validation_error_text
 from ..models import DEFAULT_EMBED_MODEL
 
 #: Built-in retriever names and what they are.

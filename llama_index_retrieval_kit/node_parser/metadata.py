@@ -26,6 +26,8 @@ BOOKKEEPING_KEYS = (
     "parent_char_end",
     "parent_page_start",
     "parent_page_end",
+    "page_breaks",
+    "parent_page_breaks",
     "parent_text",
     "file_name",
     "file_path",
@@ -80,7 +82,17 @@ def chunk_metadata(
             "source": doc_metadata.get("source", doc_id),
         }
     )
+    breaks = page_breaks(page_starts, start, end)
+    if breaks:
+        meta["page_breaks"] = breaks
     return meta
+
+
+def page_breaks(page_starts: Sequence[int], start: int, end: int) -> list[int]:
+    """The document offsets in ``(start, end)`` where a new page starts: with ``page_start``
+    they give the page of any offset ``o`` of the chunk, ``page_start + #{b <= o}`` (so a chunk
+    cut to a part of it cites that part's pages). Empty for a chunk on one page."""
+    return [int(p) for p in page_starts if start < p < end]
 
 
 def excluded_keys(metadata: dict[str, Any], doc_excluded_embed: Sequence[str], doc_excluded_llm: Sequence[str], contextual_header: bool) -> tuple[list[str], list[str]]:

@@ -105,6 +105,8 @@ class SectionHierarchyNodeParser(SectionAwareNodeParser):
                         "parent_page_start": parent.metadata["page_start"],
                         "parent_page_end": parent.metadata["page_end"],
                     }
+                    if parent.metadata.get("page_breaks"):
+                        extra["parent_page_breaks"] = list(parent.metadata["page_breaks"])
                     if self.store_parent_text:
                         extra["parent_text"] = parent.text
                     child = self.make_node(doc, "chunk", len(children), cw.start, cw.end, section, extra, source)

@@ -51,6 +51,7 @@ Input nodes are never changed.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextvars
 import functools
 import logging
@@ -187,6 +188,10 @@ class Chunk:
     file_path: Optional[str] = None  # absolute path of the file read (tells apart two documents of one doc_id)
     parent_page_start: Optional[int] = None  # pages of the parent section (hierarchy children)
     parent_page_end: Optional[int] = None
+    #: Document offsets inside the chunk where a new page starts (``page_breaks`` of the metadata
+    #: contract; the parent's for a chunk widened to its parent): a cut part cites its own pages.
+    page_breaks: Tuple[int, ...] = ()
+    parent_page_breaks: Tuple[int, ...] = ()
     #: True: offsets of the metadata contract (``doc.text[char_start:char_end] == text``); False:
     #: LlamaIndex's ``start_char_idx``/``end_char_idx``, which a chain of parsers makes relative to an
     #: intermediate node: such chunks join only where their texts agree on a long enough overlap,
@@ -328,9 +333,39 @@ def chunk_from_result(result: NodeWithScore, rank: int) -> Chunk:
         file_path=meta.get("file_path") if isinstance(meta.get("file_path"), str) else None,
         parent_page_start=_int_or_none(meta.get("parent_page_start")) if parent_text is not None else None,
         parent_page_end=_int_or_none(meta.get("parent_page_end")) if parent_text is not None else None,
+        page_breaks=_offsets(meta.get("page_breaks")) if checked else (),
+        parent_page_breaks=_offsets(meta.get("parent_page_breaks")) if parent_text is not None else (),
         checked_offsets=checked,
         neighbour_ids=_neighbour_ids(node),
     )
+
+
+def _offsets(value: Any) -> Tuple[int, ...]:
+    """A list of int offsets from metadata, sorted (anything else: none)."""
+    if not isinstance(value, (list, tuple)):
+        return ()
+    ints = [_int_or_none(v) for v in value]
+    return tuple(sorted(v for v in ints if v is not None))
+
+
+def pages_of_part(chunk: Chunk, start: int, end: int) -> Tuple[Optional[int], Optional[int]]:
+    """``(page_start, page_end)`` of the part ``[start, end)`` of ``chunk``: the chunk's first page
+    plus the page breaks (:attr:`Chunk.page_breaks`) up to each end; without breaks known, the
+    chunk's own pages (which hold the part)."""
+    if chunk.page_start is None or not chunk.page_breaks or end <= start:
+        return chunk.page_start, chunk.page_end
+    first = chunk.page_start + bisect.bisect_right(chunk.page_breaks, start)
+    last = chunk.page_start + bisect.bisect_right(chunk.page_breaks, end - 1)
+    return first, last
+
+
+def part_of_chunk(chunk: Chunk, start: int, text: str) -> Chunk:
+    """The part of ``chunk`` at document offset ``start`` with ``text`` (``doc.text[start:start +
+    len(text)]``), marked truncated, citing its own pages (:func:`pages_of_part`)."""
+    end = start + len(text)
+    page_start, page_end = pages_of_part(chunk, start, end)
+    return Chunk(**{**chunk.__dict__, "start": start, "end": end, "text": text, "truncated": True,
+                    "page_start": page_start, "page_end": page_end})
 
 
 def _neighbour_ids(node: Any) -> Tuple[str, ...]:
@@ -356,9 +391,9 @@ def expand_chunk(chunk: Chunk) -> Chunk:
     """
     if chunk.parent_text is None or chunk.parent_start is None:
         return chunk
-    pages = {}
+    pages: Dict[str, Any] = {"page_breaks": ()}  # the child's breaks do not describe the parent
     if chunk.parent_page_start is not None and chunk.parent_page_end is not None:
-        pages = {"page_start": chunk.parent_page_start, "page_end": chunk.parent_page_end}
+        pages = {"page_start": chunk.parent_page_start, "page_end": chunk.parent_page_end, "page_breaks": chunk.parent_page_breaks}
     return Chunk(
         **{
             **chunk.__dict__,
@@ -697,8 +732,9 @@ def cut_chunk(chunk: Chunk, length: int) -> Chunk:
     Still exact: ``doc.text[start:start + len(text)]`` is the cut text.
     """
     text = chunk.text[:length].rstrip()
-    end = chunk.start + len(text) if chunk.start is not None else None
-    return Chunk(**{**chunk.__dict__, "text": text, "end": end, "truncated": True})
+    if chunk.start is None:
+        return Chunk(**{**chunk.__dict__, "text": text, "end": None, "truncated": True})
+    return part_of_chunk(chunk, chunk.start, text)
 
 
 def sentence_pieces(text: str) -> List[Tuple[int, int]]:
@@ -729,10 +765,7 @@ def chunk_pieces(chunk: Chunk) -> List[Chunk]:
     if not chunk.has_offsets or len(bounds) <= 1:
         return [chunk]
     assert chunk.start is not None
-    return [
-        Chunk(**{**chunk.__dict__, "start": chunk.start + a, "end": chunk.start + b, "text": chunk.text[a:b], "truncated": True})
-        for a, b in bounds
-    ]
+    return [part_of_chunk(chunk, chunk.start + a, chunk.text[a:b]) for a, b in bounds]
 
 
 def query_idf(query_terms: Sequence[str], docs: Sequence[Sequence[str]]) -> Dict[str, float]:
@@ -1007,7 +1040,7 @@ class ContextAssembler(PicklesTokenizer, TransientState, StrictOptions, BaseNode
             start, end = pieces[i][0].start, pieces[j][0].end
             assert start is not None and end is not None
             text = chunk.text[start - chunk.start : end - chunk.start].rstrip()
-            return Chunk(**{**chunk.__dict__, "start": start, "end": start + len(text), "text": text, "truncated": True})
+            return part_of_chunk(chunk, start, text)
 
         def fits(i: int, j: int) -> bool:
             return self._fits(selected, run(i, j), cache) is not None

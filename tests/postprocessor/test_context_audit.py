@@ -292,6 +292,25 @@ def test_children_without_parent_pages_keep_their_own():
     assert (r.node.metadata["page_start"], r.node.metadata["page_end"]) == (1, 3)
 
 
+def test_a_cut_span_cites_the_pages_of_its_own_text():
+    """A chunk or parent over pages 1-3 cut by the budget to text on page 1 cites p.1, not pp.1-3
+    (the chunks' ``page_breaks`` / ``parent_page_breaks``)."""
+    text = "1. Fees\n\n" + " ".join(f"Fee clause {i} is payable on demand." for i in range(40)) + "\n"
+    doc = Document(text=text, id_="h.txt", metadata={"source": "h.txt", "file_name": "h.txt", "page_starts": [0, 500, 1000]})
+    parser = SectionHierarchyNodeParser(parent_chunk_size=1024, child_chunk_size=32, child_chunk_overlap=8)
+    nodes = parser.get_nodes_from_documents([doc])
+    child = next(n for n in nodes if "parent_id" in n.metadata)
+    parent = next(n for n in nodes if n.node_id == child.metadata["parent_id"])
+    assert parent.metadata["page_breaks"] == [500, 1000] and child.metadata["parent_page_breaks"] == [500, 1000]
+    assert "page_breaks" not in parent.get_content(metadata_mode="llm") + parent.get_content(metadata_mode="embed")
+    for node, expand in ((parent, False), (child, True)):
+        a = ContextAssembler(max_tokens=40, expand_to_parent=expand, cut="prefix")
+        (r,) = a.postprocess_nodes([NodeWithScore(node=node, score=1.0)], query_str="fee clause")
+        meta = r.node.metadata
+        assert meta["truncated"] and meta["char_end"] <= 500
+        assert (meta["page_start"], meta["page_end"]) == (1, 1) and meta["citation"].endswith("p.1]")
+
+
 # ------------------------------------------------------------------------------ F7: the prefix cut
 def test_a_cut_after_short_lines_still_ends_at_a_sentence():
     rows = "".join(f"{w}\n" for w in ["Fee", "Annual", "$95", "Late", "$40", "Foreign", "3%", "Cash", "5%", "Returned",
