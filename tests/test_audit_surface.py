@@ -239,3 +239,16 @@ def test_bad_parser_arguments_in_an_eval_config_are_one_line(tmp_path: Path) -> 
     line = _one_error_line(err)  # was: pydantic's four lines and its help link
     assert code == EXIT_USAGE and "key 'node_parser'" in line and "chunk_size: Input should be greater than 0, got 0" in line
     assert not (tmp_path / "out").exists()
+
+
+def test_an_eval_config_takes_the_three_weights_hybrid_takes() -> None:
+    """docs/evaluation.md and as_retriever("hybrid", weights=[.3, .3, .4]) take [bm25, dense, feedback];
+    the eval config refused them ("must be a list of 2 numbers")."""
+    from llama_index_retrieval_kit.evaluation.configs import config_from_dict
+
+    assert config_from_dict({"retriever": "hybrid", "weights": [0.3, 0.3, 0.4]}).weights == (0.3, 0.3, 0.4)
+    assert config_from_dict({"retriever": "hybrid", "weights": [1, 2]}).weights == (1, 2)
+    with pytest.raises(ConfigError, match=r"weights.*2 numbers \[bm25, dense\] or 3 \[bm25, dense, feedback\]"):
+        config_from_dict({"retriever": "hybrid", "weights": [1, 2, 3, 4]})
+    with pytest.raises(ConfigError, match=r"weights.*must be a list of 2 numbers \[bm25, dense\], got \[1, 2, 3\]"):
+        config_from_dict({"retriever": "hybrid_rrf", "weights": [1, 2, 3]})

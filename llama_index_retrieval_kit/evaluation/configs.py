@@ -27,7 +27,7 @@ LlamaIndex's default ``SentenceSplitter``, unless a YAML file says otherwise::
     similarity_top_k: 10             # optional: default = enough for the largest k
     candidate_top_k: 100             # hybrid kinds: depth of each leg before fusion
     rrf_k: 60                        # hybrid_rrf, qdrant_hybrid
-    weights: [1.0, 1.0]              # hybrid, hybrid_score, hybrid_rrf: [bm25, dense]
+    weights: [1.0, 1.0]              # hybrid, hybrid_score, hybrid_rrf: [bm25, dense]; hybrid also [bm25, dense, feedback]
     bm25: {k1: 1.2, b: 0.75}         # bm25 and the hybrid kinds
 
 A key that does not apply to the chosen retriever is an error (it would be silently ignored
@@ -305,8 +305,10 @@ def config_from_dict(data: Mapping[str, Any], source: str = "config", default_na
         kwargs["embed_model"] = data["embed_model"]
     if "weights" in data:
         weights = data["weights"]
-        if not isinstance(weights, list) or len(weights) != 2:
-            raise ConfigError(source, f"must be a list of 2 numbers [bm25, dense], got {weights!r}", "weights")
+        counts = (2, 3) if retriever == "hybrid" else (2,)  # hybrid's feedback fusion: [bm25, dense, feedback] too
+        if not isinstance(weights, list) or len(weights) not in counts:
+            shape = "2 numbers [bm25, dense] or 3 [bm25, dense, feedback]" if retriever == "hybrid" else "2 numbers [bm25, dense]"
+            raise ConfigError(source, f"must be a list of {shape}, got {weights!r}", "weights")
         kwargs["weights"] = tuple(_number(source, "weights", w, 0) for w in weights)
     if "bm25" in data:
         bm25 = _mapping(source, "bm25", data["bm25"])
