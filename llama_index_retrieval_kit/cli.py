@@ -102,7 +102,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         _out(f"\nwrote {len(result.nodes)} chunks to {path}")
     for node in result.nodes[: args.show]:
         m = node.metadata
-        _out(f"\n[{m['doc_id']} #{m['chunk_index']}] {' > '.join(m['section_path']) or '(preamble)'} "
+        kind = "" if m.get("node_kind", "chunk") == "chunk" else f" {m['node_kind']}"  # hierarchy parents told apart
+        _out(f"\n[{m['doc_id']} #{m['chunk_index']}{kind}] {' > '.join(m['section_path']) or '(preamble)'} "
              f"pages {m['page_start']}-{m['page_end']} chars {m['char_start']}-{m['char_end']}")
         _out("  " + node.get_content().strip().replace("\n", "\n  ")[:400])
     return 1 if result.failures and not result.nodes else 0

@@ -252,3 +252,24 @@ def test_an_eval_config_takes_the_three_weights_hybrid_takes() -> None:
         config_from_dict({"retriever": "hybrid", "weights": [1, 2, 3, 4]})
     with pytest.raises(ConfigError, match=r"weights.*must be a list of 2 numbers \[bm25, dense\], got \[1, 2, 3\]"):
         config_from_dict({"retriever": "hybrid_rrf", "weights": [1, 2, 3]})
+
+
+def test_ingest_show_tells_hierarchy_parents_from_children(text_file: Path) -> None:
+    code, out, _ = _run("ingest", str(text_file), "--parser", "hierarchy", "--show", "50")
+    labels = [line for line in out.splitlines() if line.startswith("[")]
+    assert code == 0 and any(" parent]" in line for line in labels) and any(" parent]" not in line for line in labels)
+
+
+def test_a_server_build_checks_the_server_before_loading_the_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from llama_index.core.schema import Document
+
+    from llama_index_retrieval_kit.indices import HybridIndex
+    from llama_index_retrieval_kit.indices import hybrid_index as module
+
+    loaded = []
+    monkeypatch.setattr(module, "default_embed_model", lambda: loaded.append(1))
+    with pytest.raises(Exception) as failure:
+        HybridIndex.from_documents([Document(text="Fees apply.", id_="a")], tmp_path / "index", qdrant_url="http://127.0.0.1:1")
+    assert "refused" in str(failure.value).lower() or "connect" in str(failure.value).lower(), failure.value
+    assert loaded == []  # was: the model loaded first (seconds), then the connection failed
+    assert not (tmp_path / "index").exists()

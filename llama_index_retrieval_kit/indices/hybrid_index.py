@@ -859,7 +859,6 @@ class HybridIndex:
             if busy is not None:
                 busy.release()
         seed_cache = _check_embedding_cache(embedding_cache)
-        embed_model = embed_model or settings_embed_model() or default_embed_model()
         if node_parser is None:
             node_parser = settings_node_parser()  # Settings.node_parser / chunk_size, when the user set them
             if node_parser is not None:
@@ -868,7 +867,10 @@ class HybridIndex:
         tokenizer_config = tokenizer_config or BM25TokenizerConfig()
         check_positive_int("embed_batch_size", embed_batch_size)
         bm25 = BM25Retriever([], tokenizer_config=tokenizer_config, k1=bm25_k1, b=bm25_b)  # checks k1 and b
+        # A server that does not answer (or refuses the key, or holds another's collection) fails
+        # here, before the embedding model loads.
         plan = cls._plan_collection(storage, collection, qdrant_url, qdrant_api_key, overwrite)
+        embed_model = embed_model or settings_embed_model() or default_embed_model()
         manifest = IndexManifest(
             format_version=FORMAT_VERSION,
             embed_model=embed_model_name(embed_model),
