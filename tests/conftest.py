@@ -12,6 +12,16 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAGAS_DO_NOT_TRACK", "true")
 
+# Property tests: a fresh random seed per run while developing (explore; ``--hypothesis-seed=N``
+# replays one); in CI (``.ci/run`` sets HYPOTHESIS_PROFILE=ci) the examples are derived from each
+# test's name, so a landing never hinges on the seed drawn. Widen the search with a seed sweep:
+# ``pytest --hypothesis-seed=N $(grep -l "from hypothesis" -r tests)`` for a few N.
+from hypothesis import settings as _hypothesis_settings  # noqa: E402
+
+_hypothesis_settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("HYPOTHESIS_PROFILE"):
+    _hypothesis_settings.load_profile(os.environ["HYPOTHESIS_PROFILE"])
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED = REPO_ROOT.parent / "shared"
 BEIR_DIR = SHARED / "datasets" / "beir"
