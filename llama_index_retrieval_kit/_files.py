@@ -16,7 +16,7 @@ import stat
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any, Callable, Iterator
+from typing import IO, Any, Callable, Iterator, List
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +38,32 @@ def fsync_dir(path: Path | str) -> None:
         logger.debug("fsync of directory %s: %s", path, exc)
     finally:
         os.close(fd)
+
+
+def fsync_file(path: Path | str) -> None:
+    """Flush a file's data to disk."""
+    fd = os.open(str(path), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(path: Path | str) -> None:
+    """fsync every file under ``path`` (or ``path`` itself), then the folders, deepest first."""
+    path = Path(path)
+    if path.is_file():
+        fsync_file(path)
+        fsync_dir(path.parent)
+        return
+    folders: List[str] = []
+    for root, _dirs, files in os.walk(path):
+        folders.append(root)
+        for name in files:
+            fsync_file(os.path.join(root, name))
+    for root in reversed(folders):
+        fsync_dir(root)
+    fsync_dir(path.parent)
 
 
 @contextmanager

@@ -5,6 +5,7 @@ and LlamaIndex's ``BaseComponent`` pickling logs a warning for each such attribu
 
 from __future__ import annotations
 
+import contextvars
 import copy
 import logging
 import pickle
@@ -69,3 +70,21 @@ def _picklable(value: Any) -> bool:
     except Exception:
         return False
     return True
+
+
+class LastValue:
+    """The last value set in each thread or asyncio task (a ``ContextVar``), falling back to the
+    last one set anywhere: a component serving concurrent queries (``query`` in a thread pool,
+    ``asyncio.gather`` of ``aquery``) keeps each caller's last result apart."""
+
+    def __init__(self, name: str) -> None:
+        self._own: contextvars.ContextVar[Any] = contextvars.ContextVar(name, default=None)
+        self._anywhere: Any = None
+
+    def set(self, value: Any) -> None:
+        self._anywhere = value
+        self._own.set(value)
+
+    def get(self) -> Any:
+        own = self._own.get()
+        return own if own is not None else self._anywhere

@@ -10,7 +10,7 @@ input and to write it safely:
 * :func:`generation_record` / :func:`verify_generation`: sha256 of each file of a generation
   (BM25 folder, docstore JSON) and the number of indexed chunks, recorded in the manifest at
   commit and checked on open, so a damaged folder is an error instead of wrong answers.
-* :func:`fsync_file`, :func:`fsync_dir`, :func:`fsync_tree`, :func:`write_json_atomic`:
+* :func:`fsync_file`, :func:`fsync_dir`, :func:`fsync_tree` (from ``_files``, the durable-write module), :func:`write_json_atomic`:
   durability (POSIX; a no-op where the platform cannot fsync a directory).
 * :class:`FileLock` and :class:`WriteGuard`: one writer at a time, across the threads of a
   process (a re-entrant lock) and across processes (``flock`` on ``.write.lock`` in the folder;
@@ -40,7 +40,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Dict, FrozenSet, Iterator, List, Mapping, Optional, Sequence
 
-from .._files import atomic_writer, fsync_dir
+from .._files import atomic_writer, fsync_dir, fsync_file, fsync_tree
 
 logger = logging.getLogger(__name__)
 
@@ -658,32 +658,6 @@ def verify_generation(storage_dir: Path, generation: int, record: Optional[Mappi
 
 
 # ---------------------------------------------------------------------------------- durability
-
-
-def fsync_file(path: Path | str) -> None:
-    """Flush a file's data to disk."""
-    fd = os.open(str(path), os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_tree(path: Path | str) -> None:
-    """fsync every file under ``path`` (or ``path`` itself), then the folders, deepest first."""
-    path = Path(path)
-    if path.is_file():
-        fsync_file(path)
-        fsync_dir(path.parent)
-        return
-    folders: List[str] = []
-    for root, _dirs, files in os.walk(path):
-        folders.append(root)
-        for name in files:
-            fsync_file(os.path.join(root, name))
-    for root in reversed(folders):
-        fsync_dir(root)
-    fsync_dir(path.parent)
 
 
 def write_json_atomic(path: Path | str, data: Any) -> None:

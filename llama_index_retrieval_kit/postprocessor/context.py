@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import contextvars
 import functools
 import logging
 import math
@@ -68,7 +67,7 @@ from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import MetadataMode, NodeRelationship, NodeWithScore, QueryBundle, RelatedNodeInfo, TextNode
 
 from .._options import StrictOptions
-from .._transient import TransientState
+from .._transient import LastValue, TransientState
 from ..models import DEFAULT_EMBED_MODEL
 from ..node_parser.metadata import chunk_id
 from ..node_parser.tokenization import token_span_fn
@@ -894,14 +893,13 @@ class ContextAssembler(PicklesTokenizer, TransientState, StrictOptions, BaseNode
     )
 
     __init_options__ = ("tokenizer",)
-    __transient_private__ = ("_span_fn", "_lock", "_last_report", "_context_report", "_terms_fn")
+    __transient_private__ = ("_span_fn", "_lock", "_reports", "_terms_fn")
     __shared_private__ = ("_tokenizer",)
 
     _tokenizer: Optional[Callable[[str], Sequence]] = PrivateAttr(default=None)
     _span_fn: Any = PrivateAttr(default=None)
     _lock: Any = PrivateAttr(default_factory=threading.Lock)
-    _last_report: Optional[AssemblyReport] = PrivateAttr(default=None)
-    _context_report: Any = PrivateAttr(default=None)  # ContextVar: the last report of this thread / task
+    _reports: LastValue = PrivateAttr(default_factory=lambda: LastValue("ContextAssembler.last_report"))
     _terms_fn: Optional[Callable[[str], List[str]]] = PrivateAttr(default=None)
 
     def __init__(self, tokenizer: Optional[Callable[[str], Sequence]] = None, **data: Any) -> None:
@@ -946,8 +944,7 @@ class ContextAssembler(PicklesTokenizer, TransientState, StrictOptions, BaseNode
         :meth:`assemble` (returns ``(nodes, report)`` for that call), or trace the query
         (``response.metadata["trace"]``, its "context" stage).
         """
-        own = self._context_report.get() if self._context_report is not None else None
-        return own if own is not None else self._last_report
+        return self._reports.get()
 
     # -- tokens ------------------------------------------------------------------------
     def _spans_of(self, text: str) -> Any:
@@ -1190,7 +1187,7 @@ class ContextAssembler(PicklesTokenizer, TransientState, StrictOptions, BaseNode
         self, nodes: List[NodeWithScore], query_bundle: Optional[QueryBundle] = None
     ) -> List[NodeWithScore]:
         out, report = self._assemble_traced(nodes, query_bundle)
-        self._remember(report)
+        self._reports.set(report)
         return out
 
     async def _apostprocess_nodes(
@@ -1198,17 +1195,8 @@ class ContextAssembler(PicklesTokenizer, TransientState, StrictOptions, BaseNode
     ) -> List[NodeWithScore]:
         """As LlamaIndex does (the work in a thread), with the report kept for the awaiting task."""
         out, report = await asyncio.to_thread(self._assemble_traced, nodes, query_bundle)
-        self._remember(report)
+        self._reports.set(report)
         return out
-
-    def _remember(self, report: AssemblyReport) -> None:
-        """Make ``report`` :attr:`last_report`: this thread's / task's, and the assembler's."""
-        self._last_report = report
-        if self._context_report is None:
-            with self._lock:
-                if self._context_report is None:
-                    self._context_report = contextvars.ContextVar(f"ContextAssembler.last_report.{id(self)}", default=None)
-        self._context_report.set(report)
 
     def _assemble_traced(
         self, nodes: List[NodeWithScore], query_bundle: Optional[QueryBundle]

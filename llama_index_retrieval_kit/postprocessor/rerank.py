@@ -37,7 +37,6 @@ inside methods, on first use: importing this module does not import torch.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import hashlib
 import logging
 import math
@@ -65,7 +64,7 @@ from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, QueryBundle
 
 from .._options import StrictOptions
-from .._transient import TransientState
+from .._transient import LastValue, TransientState
 from ..node_parser.metadata import SECTION_HEADER_KEY
 from ..retrievers.checks import check_positive_int, check_query_text
 from ..retrievers.fusion import FusedNodeWithScore
@@ -711,7 +710,7 @@ class CrossEncoderReranker(TransientState, StrictOptions, BaseNodePostprocessor)
     onnx_tolerance: float = Field(default=1e-3, description="Largest |logit difference| from PyTorch for ONNX to be used.")
     trust_remote_code: bool = Field(default=False, description="Let the model folder run its own code (custom architectures).")
 
-    __transient_private__ = ("_load_lock", "_last_stats", "_context_stats")
+    __transient_private__ = ("_load_lock", "_stats")
     __reloaded_private__ = ("_scorer",)  # a loaded model: read only, guarded by its own lock
 
     _scorer: Any = PrivateAttr(default=None)
@@ -719,8 +718,7 @@ class CrossEncoderReranker(TransientState, StrictOptions, BaseNodePostprocessor)
     _cost: Optional[CallCostEstimate] = PrivateAttr(default=None)
     _fixed_prior_ms: float = PrivateAttr(default=0.0)
     _model_limit: Optional[int] = PrivateAttr(default=None)
-    _last_stats: Optional[RerankStats] = PrivateAttr(default=None)
-    _context_stats: Any = PrivateAttr(default=None)  # ContextVar: the last stats of this thread / task
+    _stats: LastValue = PrivateAttr(default_factory=lambda: LastValue("CrossEncoderReranker.last_stats"))
     _budget_warned: bool = PrivateAttr(default=False)
     _truncation_warned: bool = PrivateAttr(default=False)
 
@@ -847,17 +845,7 @@ class CrossEncoderReranker(TransientState, StrictOptions, BaseNodePostprocessor)
         Concurrency: the last call made in the reader's own thread or asyncio task (``query`` in a
         thread pool, ``asyncio.gather`` of ``aquery``), else - the reader made none - the last call
         of this reranker from anywhere. A traced query records its own call's stats."""
-        own = self._context_stats.get() if self._context_stats is not None else None
-        return own if own is not None else self._last_stats
-
-    def _remember(self, stats: RerankStats) -> None:
-        """Make ``stats`` :attr:`last_stats`: this thread's / task's, and the reranker's."""
-        self._last_stats = stats
-        if self._context_stats is None:
-            with self._load_lock:
-                if self._context_stats is None:
-                    self._context_stats = contextvars.ContextVar(f"CrossEncoderReranker.last_stats.{id(self)}", default=None)
-        self._context_stats.set(stats)
+        return self._stats.get()
 
     def _ensure_scorer(self) -> Any:
         scorer = self._scorer
@@ -913,7 +901,7 @@ class CrossEncoderReranker(TransientState, StrictOptions, BaseNodePostprocessor)
         self, nodes: List[NodeWithScore], query_bundle: Optional[QueryBundle] = None
     ) -> List[NodeWithScore]:
         results, stats = self._rerank_traced(nodes, query_bundle)
-        self._remember(stats)
+        self._stats.set(stats)
         return results
 
     async def _apostprocess_nodes(
@@ -921,7 +909,7 @@ class CrossEncoderReranker(TransientState, StrictOptions, BaseNodePostprocessor)
     ) -> List[NodeWithScore]:
         """As LlamaIndex does (the work in a thread), with the stats kept for the awaiting task."""
         results, stats = await asyncio.to_thread(self._rerank_traced, nodes, query_bundle)
-        self._remember(stats)
+        self._stats.set(stats)
         return results
 
     def _rerank_traced(

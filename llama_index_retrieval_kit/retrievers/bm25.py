@@ -43,7 +43,7 @@ from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, Query
 from llama_index.core.storage.docstore.utils import doc_to_json, json_to_doc
 from llama_index.core.vector_stores.types import MetadataFilters
 
-from .._files import atomic_writer, fsync_dir
+from .._files import atomic_writer, fsync_dir, fsync_tree
 from .._json_fragments import FragmentCache
 from .bm25_counts import VECTORISED_METHODS, TermCounts, count_terms, counted_index, updated_counts
 from .checks import check_positive_int, check_query_text, checked_query
@@ -509,31 +509,13 @@ def _remove_entry(path: Path) -> None:
         shutil.rmtree(path)
 
 
-def _fsync_file(path: Path) -> None:
-    fd = os.open(str(path), os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _fsync_payload(folder: Path) -> None:
-    """Flush the payload written into ``folder`` (files, then folders) before the config names it."""
+    """Flush the payload written into ``folder`` (files, then folders, then ``folder``'s entries)
+    before the config names it."""
     for name in _PAYLOAD[1:]:
         path = folder / name
-        if path.is_symlink() or not path.exists():
-            continue
-        if path.is_file():
-            _fsync_file(path)
-            continue
-        folders = []
-        for root, _dirs, files in os.walk(path):
-            folders.append(root)
-            for file_name in files:
-                _fsync_file(Path(root) / file_name)
-        for root in reversed(folders):
-            fsync_dir(root)
-    fsync_dir(folder)
+        if not path.is_symlink() and path.exists():
+            fsync_tree(path)  # and its parent, ``folder``
 
 
 def _move_payload_aside(folder: Path, previous: Path) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from llama_index_retrieval_kit import _files
 from llama_index_retrieval_kit.indices import storage
 from llama_index_retrieval_kit.indices.storage import DamagedIndexError
 
@@ -225,8 +226,8 @@ def test_write_json_atomic_replaces_and_cleans_up(tmp_path: Path, monkeypatch: p
 def test_fsync_tree_syncs_every_file_and_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     write_generation(tmp_path, 1)
     files, dirs = [], []
-    monkeypatch.setattr(storage, "fsync_file", lambda p: files.append(Path(p)))
-    monkeypatch.setattr(storage, "fsync_dir", lambda p: dirs.append(Path(p)))
+    monkeypatch.setattr(_files, "fsync_file", lambda p: files.append(Path(p)))  # the durable-write module owns them
+    monkeypatch.setattr(_files, "fsync_dir", lambda p: dirs.append(Path(p)))
     storage.fsync_tree(storage.bm25_dir(tmp_path, 1))
     gen = tmp_path / "bm25" / "gen-1"
     assert sorted(files) == sorted([gen / "nodes.json", gen / "bm25s" / "scores.npy"])
