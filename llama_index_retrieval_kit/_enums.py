@@ -47,6 +47,13 @@ class DenseSearch(ChoiceEnum):
     QDRANT = "qdrant"
 
 
+class QueryBackend(ChoiceEnum):
+    """What embeds queries (``embedding.query_backend``): ``onnx`` (ONNX Runtime) or ``torch`` (PyTorch)."""
+
+    ONNX = "onnx"
+    TORCH = "torch"
+
+
 class EngineFusion(ChoiceEnum):
     """Fusion run inside Qdrant (``mode="qdrant_hybrid"``): ``rrf`` (reciprocal rank fusion) or
     ``dbsf`` (distribution-based score fusion: each leg's scores normalised by mean +- 3 sd, summed)."""

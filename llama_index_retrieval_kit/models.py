@@ -93,6 +93,9 @@ def query_embed_model(model_name: str = DEFAULT_EMBED_MODEL, query_backend: str 
     ``kwargs``: those of :func:`default_embed_model`; only ``embed_batch_size`` keeps the
     torch-free path (any other setting loads the model as given).
     """
+    from ._enums import QueryBackend
+
+    query_backend = QueryBackend.from_str(query_backend).value
     if query_backend == "onnx" and set(kwargs) <= {"embed_batch_size"}:
         from .embeddings.query_export import OnnxQueryEmbedding
 

@@ -86,6 +86,7 @@ from pydantic import (
     model_validator,
 )
 
+from ._enums import DenseSearch, QueryBackend, RetrieverMode
 from ._files import write_text_atomic
 from ._options import check_options
 from .components import (
@@ -247,8 +248,13 @@ class EmbeddingConfig(_Section):
     """The embedding model (``FastHuggingFaceEmbedding``; the default is packaged and offline)."""
 
     model: str = Field(default=DEFAULT_EMBED_MODEL, min_length=1, description="Hugging Face model id or local folder.")
-    query_backend: Literal["onnx", "torch"] = Field(default="onnx", description="What embeds queries: ONNX Runtime or PyTorch.")
+    query_backend: str = Field(default="onnx", description="What embeds queries: 'onnx' (ONNX Runtime) or 'torch' (PyTorch).")
     embed_batch_size: StrictInt = Field(default=16, ge=1, description="Texts per forward pass.")
+
+    @field_validator("query_backend", mode="before")
+    @classmethod
+    def _check_query_backend(cls, value: Any) -> str:
+        return QueryBackend.from_str(value).value
 
 
 class IndexConfig(_Section):
@@ -297,7 +303,7 @@ class RetrieverConfig(_Section):
     candidate_top_k: Optional[StrictInt] = Field(default=None, ge=1, description="Depth of each leg before fusion (default 100).")
     weights: Optional[List[Number]] = Field(default=None, description="Leg weights [bm25, dense]; mode 'hybrid' also takes [bm25, dense, feedback].")
     rrf_k: Optional[Number] = Field(default=None, ge=0, description="RRF constant k (default 60).")
-    dense_search: Optional[Literal["auto", "memory", "qdrant"]] = Field(default=None, description="Dense leg: in memory or in Qdrant.")
+    dense_search: Optional[str] = Field(default=None, description="Dense leg: 'memory', 'qdrant' or 'auto' (a server: Qdrant, else memory).")
     filters: Optional[Dict[str, Any]] = Field(
         default=None, description="LlamaIndex MetadataFilters as a mapping: {filters: [{key, value, operator}], condition: and}."
     )
@@ -305,9 +311,12 @@ class RetrieverConfig(_Section):
     @field_validator("mode", mode="after")
     @classmethod
     def _check_mode(cls, value: str) -> str:
-        from ._enums import RetrieverMode
-
         return RetrieverMode.from_str(value).value
+
+    @field_validator("dense_search", mode="before")
+    @classmethod
+    def _check_dense_search(cls, value: Any) -> Optional[str]:
+        return None if value is None else DenseSearch.from_str(value).value
 
     @field_validator("weights", mode="after")
     @classmethod

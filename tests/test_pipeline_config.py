@@ -113,7 +113,7 @@ def test_unknown_top_level_section_lists_the_sections() -> None:
         ({"retriever": {"mode": "hybrid_rrf", "weights": [1, 2, 3]}}, "retriever.weights", ["mode 'hybrid' only", "[bm25, dense]", "[1, 2, 3]"]),
         ({"reranker": {"backend": "fast"}}, "reranker.backend", ["'fast'", "'flag_embedding'", "'sentence_transformers'"]),
         ({"context": {"max_tokens": 100, "order": "random"}}, "context.order", ["'random'", "'relevance'", "'document'", "'bookends'"]),
-        ({"embedding": {"query_backend": "tf"}}, "embedding.query_backend", ["'onnx'", "'torch'", "got 'tf'"]),
+        ({"embedding": {"query_backend": "tf"}}, "embedding.query_backend", ["'onnx'", "'torch'", "unknown query backend 'tf'"]),
         ({"index": {"bm25_b": 2}}, "index.bm25_b", ["less than or equal to 1", "got 2"]),
         ({"tracing": {"enabled": "yes"}}, "tracing.enabled", ["valid boolean", "got 'yes'"]),
         ({"chunking": {"chunk_size": 0}}, "chunking.chunk_size", ["greater than 0", "got 0"]),

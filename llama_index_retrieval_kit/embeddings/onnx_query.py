@@ -42,6 +42,7 @@ import numpy as np
 from llama_index.embeddings.huggingface import HuggingFaceEmbedding
 from pydantic import Field, PrivateAttr
 
+from .._enums import QueryBackend
 from .._extras import MissingExtraError, require_extra
 from ..retrievers.checks import check_query_text
 from .onnx_runtime import (  # noqa: F401  (re-exported: their home before onnx_runtime)
@@ -217,8 +218,7 @@ class FastHuggingFaceEmbedding(HuggingFaceEmbedding):
         onnx_speed_check: bool = True,
         **kwargs: Any,
     ) -> None:
-        if query_backend not in ("onnx", "torch"):
-            raise ValueError(f"query_backend must be 'onnx' or 'torch', got {query_backend!r}")
+        query_backend = QueryBackend.from_str(query_backend).value
         if not onnx_tolerance > 0:
             raise ValueError(f"onnx_tolerance must be > 0, got {onnx_tolerance!r}")
         if onnx_threads < 0:

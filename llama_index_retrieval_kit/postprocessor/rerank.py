@@ -919,6 +919,11 @@ class CrossEncoderReranker(TransientState, StrictOptions, BaseNodePostprocessor)
         if query_bundle is None:
             raise ValueError("CrossEncoderReranker needs the query: pass query_bundle or query_str")
         query = check_query_text(query_bundle.query_str, "QueryBundle.query_str")
+        if not query.strip():
+            raise ValueError(
+                f"CrossEncoderReranker scores (query, passage) pairs, and the query text is blank ({query!r}); "
+                "pass the question as query_str (a query embedding alone cannot be reranked)"
+            )
         for i, result in enumerate(nodes):
             if not isinstance(result, NodeWithScore):
                 raise ValueError(f"nodes[{i}] is {type(result).__name__}; expected NodeWithScore objects")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Union
+from typing import Any, ClassVar, Union
 
 from llama_index.core.schema import QueryBundle
 
@@ -40,16 +40,44 @@ def check_query_text(text: Any, name: str = "query text") -> str:
     return text
 
 
-def checked_query(str_or_query_bundle: Any) -> Union[str, QueryBundle]:
+def check_not_blank(query: Union[str, QueryBundle]) -> Union[str, QueryBundle]:
+    """``query`` unless it gives nothing to search with: blank text (empty or whitespace only)
+    and, for a ``QueryBundle``, no ``embedding`` and no non-blank ``custom_embedding_strs``.
+
+    Such a query matches no BM25 term and embeds to a vector unrelated to any question, so the
+    results would be empty or arbitrary: a ValueError says what to pass instead. A bundle with
+    blank text that carries its embedding (or strings to embed) is a real query and passes.
+    """
+    if isinstance(query, str):
+        if not query.strip():
+            raise ValueError(
+                f"the query is blank ({query!r}): there is nothing to search for (no term to match, and its "
+                "embedding would rank chunks arbitrarily); pass the question text, or a QueryBundle carrying "
+                "the query's embedding: QueryBundle(query_str, embedding=vector)"
+            )
+        return query
+    if query.query_str.strip() or query.embedding is not None:
+        return query
+    if any(isinstance(s, str) and s.strip() for s in query.custom_embedding_strs or ()):
+        return query
+    raise ValueError(
+        f"QueryBundle.query_str is blank ({query.query_str!r}) and the bundle has no embedding (nor "
+        "custom_embedding_strs): there is nothing to search for; set query_str to the question, or pass "
+        "the query's embedding: QueryBundle(query_str, embedding=vector)"
+    )
+
+
+def checked_query(str_or_query_bundle: Any, refuse_blank: bool = True) -> Union[str, QueryBundle]:
     """What ``BaseRetriever.retrieve`` takes, checked: a ``str`` or a ``QueryBundle`` whose
-    ``query_str`` is a ``str``; anything else (``bytes``, None, a number) is a ValueError."""
+    ``query_str`` is a ``str``; anything else (``bytes``, None, a number) is a ValueError, and so
+    is a blank query (:func:`check_not_blank`) unless ``refuse_blank`` is False."""
     if isinstance(str_or_query_bundle, QueryBundle):
         query_str = str_or_query_bundle.query_str
         if not isinstance(query_str, str):
             check_query_text(query_str, "QueryBundle.query_str")
-        return str_or_query_bundle
+        return check_not_blank(str_or_query_bundle) if refuse_blank else str_or_query_bundle
     if isinstance(str_or_query_bundle, str):
-        return str_or_query_bundle
+        return check_not_blank(str_or_query_bundle) if refuse_blank else str_or_query_bundle
     if isinstance(str_or_query_bundle, (bytes, bytearray)):
         check_query_text(str_or_query_bundle, "the query")
     raise ValueError(
@@ -61,10 +89,13 @@ def checked_query(str_or_query_bundle: Any) -> Union[str, QueryBundle]:
 class CheckedQueryMixin:
     """For ``BaseRetriever`` subclasses: ``retrieve``/``aretrieve`` check the query first
     (:func:`checked_query`), so ``bytes`` or ``None`` get a clear error instead of a failure
-    deep inside LlamaIndex."""
+    deep inside LlamaIndex, and a blank query a ValueError instead of empty or arbitrary results
+    (unless the class sets ``refuses_blank_query = False``)."""
+
+    refuses_blank_query: ClassVar[bool] = True
 
     def retrieve(self, str_or_query_bundle: Any) -> Any:
-        return super().retrieve(checked_query(str_or_query_bundle))  # type: ignore[misc]
+        return super().retrieve(checked_query(str_or_query_bundle, self.refuses_blank_query))  # type: ignore[misc]
 
     async def aretrieve(self, str_or_query_bundle: Any) -> Any:
-        return await super().aretrieve(checked_query(str_or_query_bundle))  # type: ignore[misc]
+        return await super().aretrieve(checked_query(str_or_query_bundle, self.refuses_blank_query))  # type: ignore[misc]

@@ -60,6 +60,10 @@ class HybridRetriever(CheckedQueryMixin, BaseRetriever):
     ``_aretrieve`` queries the legs concurrently with ``asyncio.gather``; a leg without a native
     async implementation runs synchronously inside the event loop (LlamaIndex's default).
 
+    A blank query is left to the legs: this package's retrievers refuse one that carries no
+    embedding (:func:`~.checks.check_not_blank`), and a leg of another kind may answer it (e.g.
+    from ``QueryBundle.image_path``).
+
     ``read_guard`` (e.g. ``HybridIndex``'s read lock, which the retrievers it builds pass) is held
     around all legs of a query, so that a write between two legs cannot mix two states of the
     index in one answer. The legs must not take it themselves (a lock that favours waiting writers
@@ -67,6 +71,8 @@ class HybridRetriever(CheckedQueryMixin, BaseRetriever):
     ``retrieve`` in a worker thread (``asyncio.to_thread``) holding the guard there: a thread lock
     held across ``await`` points could block the event loop.
     """
+
+    refuses_blank_query = False  # the legs decide (see above)
 
     def __init__(
         self,

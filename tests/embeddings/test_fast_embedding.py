@@ -107,7 +107,7 @@ def test_torch_backend_and_missing_onnxruntime_fall_back_to_pytorch(
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"query_backend": "tensorrt"}, "query_backend must be 'onnx' or 'torch'"),
+        ({"query_backend": "tensorrt"}, "unknown query backend 'tensorrt'; allowed: 'onnx', 'torch'"),
         ({"onnx_tolerance": 0}, "onnx_tolerance must be > 0"),
         ({"onnx_threads": -1}, "onnx_threads must be >= 0"),
         ({"onnx_spin_us": -1}, r"onnx_spin_us must be an int >= 0 \(microseconds; 0: never spin\) or None .*got -1"),

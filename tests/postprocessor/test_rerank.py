@@ -360,6 +360,8 @@ def test_empty_input_and_missing_query(model_dir: str) -> None:
     assert not reranker.is_loaded  # nothing to score: the model is not even loaded
     with pytest.raises(ValueError, match="needs the query"):
         reranker.postprocess_nodes(fused_candidates(2))
+    with pytest.raises(ValueError, match="the query text is blank"):  # an embedded query without its text
+        reranker.postprocess_nodes(fused_candidates(2), query_bundle=QueryBundle("  ", embedding=[0.1, 0.2]))
     with pytest.raises(ValueError, match=r"nodes\[1\] is TextNode; expected NodeWithScore"):
         reranker.postprocess_nodes([fused_candidates(1)[0], TextNode(text="x")], query_str=QUERY)  # type: ignore[list-item]
 

@@ -66,7 +66,8 @@ def test_no_overlap_nodes_are_not_returned(corpus: List[TextNode]) -> None:
     assert {node_id for node_id, _ in ranked(bm25, "fee")} == {"d1-0", "d1-1"}  # stemmed: fee/fees
     assert ranked(bm25, "zebra") == []
     assert ranked(bm25, "the and of") == []  # only stopwords
-    assert ranked(bm25, "") == []
+    with pytest.raises(ValueError, match="the query is blank"):  # nothing to search for: refused, not []
+        ranked(bm25, "")
     assert all(score > 0 for _, score in ranked(bm25, "charged fee payment"))
 
 
