@@ -21,6 +21,7 @@ Document metadata (inherited by chunk parsers, see ``docs/architecture.md``):
 from __future__ import annotations
 
 import logging
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Union
@@ -176,6 +177,26 @@ class FileReader(StrictOptions, BasePydanticReader):
         "folder_doc_id(folder) gives paths relative to the folder. Not serialised (a function): "
         "pass it again after from_dict.",
     )
+
+    def __getstate__(self) -> Dict[str, Any]:
+        """Pickle state (LlamaIndex's ``SimpleDirectoryReader(...).load_data(num_workers=N)`` pickles
+        readers into worker processes). LlamaIndex's own ``__getstate__`` drops an attribute it cannot
+        pickle with a log line: a lambda ``doc_id_func`` would then be gone in the workers and every
+        document would silently get the default id (ids that differ from a run without workers, so an
+        upsert would keep both). Refused instead, saying what to pass."""
+        func = self.doc_id_func
+        if func is not None:
+            try:
+                pickle.dumps(func)
+            except Exception as exc:
+                raise pickle.PicklingError(
+                    f"{type(self).__name__}.doc_id_func ({getattr(func, '__qualname__', func)!r}) cannot be pickled "
+                    f"({type(exc).__name__}: {exc}); SimpleDirectoryReader(...).load_data(num_workers=N) pickles readers "
+                    "into worker processes, where the documents would silently get the default ids. Define the "
+                    "function at module level (def doc_id(path): ...), use folder_doc_id(folder), or load without "
+                    "num_workers"
+                ) from None
+        return super().__getstate__()
 
     def _read_file(self, path: Path) -> Document:  # pragma: no cover - abstract
         raise NotImplementedError

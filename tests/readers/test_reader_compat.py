@@ -84,6 +84,22 @@ def test_doc_id_func_survives_pickling_and_is_left_out_of_to_dict(tree: Path) ->
     assert [d.id_ for d in docs] == ["mine"] and docs[0].metadata["doc_id"] == "mine"
 
 
+def test_a_doc_id_func_that_cannot_be_pickled_is_refused_not_dropped(tree: Path) -> None:
+    # LlamaIndex's __getstate__ would drop it with a log line: worker processes then gave the default ids
+    reader = MarkdownReader(doc_id_func=lambda p: "mine/" + p.name)
+    with pytest.raises(pickle.PicklingError, match=r"doc_id_func .*cannot be pickled.*num_workers"):
+        pickle.dumps(reader)
+    assert [d.id_ for d in reader.load_data(tree / "a" / "terms.md")] == ["mine/terms.md"]  # in-process use unchanged
+    with pytest.raises(pickle.PicklingError, match="module level"):
+        SimpleDirectoryReader(str(tree), recursive=True, file_extractor={".md": reader}).load_data(num_workers=2)
+
+
+def test_simple_directory_reader_workers_keep_a_picklable_doc_id_func(tree: Path) -> None:
+    reader = MarkdownReader(doc_id_func=folder_doc_id(tree))
+    docs = SimpleDirectoryReader(str(tree), recursive=True, file_extractor={".md": reader}).load_data(num_workers=2)
+    assert sorted(d.id_ for d in docs) == ["a/terms.md", "b/terms.md"]
+
+
 def _node(node_id: str, ref: str | None, file: str | None) -> TextNode:
     node = TextNode(id_=node_id, text=f"{ref} {file}", metadata={} if file is None else {"file_path": file})
     if ref is not None:
