@@ -268,6 +268,26 @@ def _sample_from_mapping(row: Mapping[str, Any], position: int, query_id: str | 
     return RagasSample(**values)
 
 
+#: Id keys that name a chunk: an assembled context node (ContextAssembler) stands for the chunks it was
+#: built from (its metadata's ``source_node_ids``), not for its own generated id.
+_CHUNK_ID_KEYS = ("chunk_id", "node_id", "id")
+
+
+def _node_ids(node: Any, key: str) -> list[str]:
+    """The ids a retrieved node stands for: :func:`_node_id`, or for a ContextAssembler node asked for a
+    chunk id its source chunks' ids (``metadata["source_node_ids"]``; its own id is a uuid5 of the span,
+    which no reference id can match; ``chunk_id``: each source's own, recorded in ``source_details``)."""
+    metadata = getattr(node, "metadata", None) or {}
+    sources = metadata.get("source_node_ids")
+    if key in _CHUNK_ID_KEYS and key not in metadata and isinstance(sources, (list, tuple)) and sources:
+        details = metadata.get("source_details")
+        details = details if isinstance(details, dict) else {}
+        if key != "chunk_id":
+            return [str(s) for s in sources]
+        return [str((details.get(s) or {}).get("chunk_id", s)) for s in sources]
+    return [_node_id(node, key)]
+
+
 def _node_id(node: Any, key: str) -> str:
     """The id of a retrieved node: ``metadata[key]``, else the node's own id for the usual keys."""
     metadata = getattr(node, "metadata", None) or {}
@@ -387,7 +407,8 @@ def to_ragas_samples(
     first (``order_by_score``, stable; kept as given when a score is missing): RAGAS' context
     precision is rank-aware and a query engine's ``source_nodes`` may be in presentation order.
     Their ids are ``metadata[context_id_key]`` (falling back to the node id for ``"chunk_id"``
-    and to ``ref_doc_id`` for ``"doc_id"``). Reference ids are the dataset's relevant doc ids
+    and to ``ref_doc_id`` for ``"doc_id"``; a ContextAssembler node gives the ids of the chunks it
+    was built from for ``"chunk_id"``). Reference ids are the dataset's relevant doc ids
     (qrels > 0) unless ``reference_context_ids`` gives them per query id.
     """
     if not isinstance(dataset, RetrievalDataset):
@@ -439,7 +460,7 @@ def to_ragas_samples(
                 query_id=query_id,
                 user_input=question,
                 retrieved_contexts=[_context_text(node) for node in nodes],
-                retrieved_context_ids=[_node_id(node, context_id_key) for node in nodes],
+                retrieved_context_ids=[i for node in nodes for i in _node_ids(node, context_id_key)],
                 reference=dataset.reference_answers.get(query_id) or None,
                 reference_contexts=list(dataset.reference_contexts.get(query_id, [])),
                 reference_context_ids=ref_ids,

@@ -302,6 +302,8 @@ def chunk_from_result(result: NodeWithScore, rank: int) -> Chunk:
     if start is None or end is None or start < 0 or end - start != len(text):
         start = end = None
     details: Dict[str, Any] = {"score": result.score}
+    if isinstance(meta.get("chunk_id"), str) and meta["chunk_id"] != node.node_id:
+        details["chunk_id"] = meta["chunk_id"]  # a chunk id of its own (this package's parsers: the node id)
     for name in ("leg_scores", "leg_ranks", "pre_rerank_score", "pre_rerank_rank", "rerank_logit"):
         value = getattr(result, name, None)
         if value not in (None, {}):

@@ -206,3 +206,21 @@ def test_every_score_lands_on_its_own_query(samples: List[RagasSample]) -> None:
     assert report.counts["id_context_recall"] == len(scored)
     assert report.means["id_context_recall"] == (pytest.approx(sum(scored) / len(scored)) if scored else None)
     assert [row["query_id"] for row in report.rows] == [s.query_id for s in samples]
+
+
+def test_assembled_context_nodes_stand_for_the_chunks_they_were_built_from() -> None:
+    """A ContextAssembler node's own id is generated from its span: the ID metrics read its source chunks."""
+    chunks = [
+        NodeWithScore(node=TextNode(id_=r.node.node_id, text=r.node.text, metadata={
+            **r.node.metadata, "char_start": 0, "char_end": len(r.node.text)}), score=r.score)
+        for r in ranked_nodes()
+    ]
+    assembled = ContextAssembler(max_tokens=200, hint_style="none").postprocess_nodes(chunks, query_str=QUESTION)
+    assert len(assembled) == 5 and not any(n.node.node_id.startswith("n") for n in assembled)  # generated ids
+    by_chunk = to_ragas_samples(card_dataset(), {"q": assembled}, reference_context_ids={"q": ["d0#0", "d1#0"]})[0]
+    assert sorted(by_chunk.retrieved_context_ids) == [f"d{i}#0" for i in range(5)]
+    by_node = to_ragas_samples(card_dataset(), {"q": assembled}, context_id_key="node_id",
+                               reference_context_ids={"q": ["n0"]})[0]
+    assert sorted(by_node.retrieved_context_ids) == [f"n{i}" for i in range(5)]
+    report = run_ragas([by_chunk], ("id_context_recall",))
+    assert report.scores("id_context_recall") == {"q": 1.0}  # was 0.0: no generated id matches a chunk id
