@@ -6,6 +6,9 @@ share), flushes and fsyncs it, then renames it over the target in one step (``os
 symlink at the target is replaced, not followed) and fsyncs the folder. A failure or a crash
 part-way leaves the earlier file as it was and no temporary file behind (a crash may leave one,
 named ``.<name>.*.tmp``). The new file keeps the mode of the one it replaces (0o644 for a new one).
+
+:func:`folder_lock` serialises the writers of one folder (and keeps readers out while one writes),
+between the threads of a process and between processes, without adding a file to the folder.
 """
 
 from __future__ import annotations
@@ -14,9 +17,18 @@ import logging
 import os
 import stat
 import tempfile
+import threading
+import weakref
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any, Callable, Iterator, List
+from typing import IO, Any, Callable, Hashable, Iterator, List, Optional
+
+from .indices.rwlock import ReadWriteLock
+
+try:  # POSIX
+    import fcntl as _fcntl
+except ImportError:  # pragma: no cover - Windows
+    _fcntl = None  # type: ignore[assignment]
 
 logger = logging.getLogger(__name__)
 
@@ -139,3 +151,85 @@ def write_bytes_atomic(path: Path | str, data: bytes) -> Path:
     with atomic_writer(path, "wb", None) as fh:
         fh.write(data)
     return Path(path)
+
+
+# ---------------------------------------------------------------------------------- folder locks
+
+_folder_locks: "weakref.WeakValueDictionary[Hashable, ReadWriteLock]" = weakref.WeakValueDictionary()
+_folder_locks_guard = threading.Lock()
+_warned_unlockable = False
+
+
+def _thread_lock(key: Hashable) -> ReadWriteLock:
+    """This process's readers-writer lock of one folder (kept while someone holds it)."""
+    with _folder_locks_guard:
+        lock = _folder_locks.get(key)
+        if lock is None:
+            lock = _folder_locks[key] = ReadWriteLock()
+        return lock
+
+
+def _open_folder(path: Path) -> Optional[int]:
+    """A read-only descriptor of the folder ``path`` (what ``flock`` locks), or None where it
+    cannot be opened (missing, not a folder, no permission, Windows)."""
+    if _fcntl is None:
+        return None
+    try:
+        return os.open(str(path), os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return None
+
+
+def _flock(fd: Optional[int], shared: bool, path: Path) -> bool:
+    """``flock`` the folder descriptor ``fd`` (waiting for other holders); False when the file system
+    refuses (warned once: other processes are then not excluded)."""
+    global _warned_unlockable
+    if _fcntl is None and not shared and not _warned_unlockable:  # pragma: no cover - Windows
+        _warned_unlockable = True
+        logger.warning("folders cannot be locked on this platform: writers in other processes are not excluded")
+    if fd is None or _fcntl is None:
+        return False
+    try:
+        _fcntl.flock(fd, _fcntl.LOCK_SH if shared else _fcntl.LOCK_EX)
+        return True
+    except OSError as exc:  # e.g. EBADF/ENOLCK on NFS, which emulates flock with byte-range locks
+        if not _warned_unlockable:
+            _warned_unlockable = True
+            logger.warning("cannot lock folder %s (%s): writers in other processes are not excluded", path, exc)
+        return False
+
+
+@contextmanager
+def folder_lock(folder: Path | str, shared: bool = False) -> Iterator[bool]:
+    """Hold the lock of ``folder`` for the ``with`` block: exclusive (``shared=False``, a writer:
+    alone) or shared (readers: together, while no writer holds it). Waits for the holders.
+
+    Between the threads of this process a readers-writer lock per folder; between processes
+    ``flock`` on the folder itself (no lock file: the folder's content stays what its writer put
+    there, and a read-only folder is locked too). Advisory: only holders of this lock are
+    excluded. Yields whether other processes are excluded: False when the folder cannot be opened
+    (missing: nothing to lock) or locked (Windows, which cannot lock a folder; a file system
+    without ``flock``); the threads of this process still are. Release happens when the block
+    ends (and, for other processes, when this one exits)."""
+    path = Path(folder)
+    fd = _open_folder(path)
+    try:
+        lock = _thread_lock(_folder_key(path, fd))
+        with lock.read() if shared else lock.write():
+            try:
+                yield _flock(fd, shared, path)
+            finally:  # the other processes' turn (closing the descriptor releases its flock) before this one's threads'
+                if fd is not None:
+                    os.close(fd)
+                    fd = None
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def _folder_key(path: Path, fd: Optional[int]) -> Hashable:
+    """What names a folder in this process: its device and inode when open, else its absolute path."""
+    if fd is not None:
+        info = os.fstat(fd)
+        return (info.st_dev, info.st_ino)
+    return os.path.normcase(os.path.abspath(path))

@@ -19,6 +19,7 @@ import numpy as np
 from llama_index.core.base.embeddings.base import BaseEmbedding
 
 from ..models import DEFAULT_EMBED_MODEL, document_vector_settings, embed_model_name, embedding_family
+from .storage import DEFAULT_LOCK_TIMEOUT, IndexWriteLockedError
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +52,12 @@ _PACKAGED_KEY = f"HuggingFaceEmbedding:{DEFAULT_EMBED_MODEL}"
 
 #: SQLite's extended result code for a read-only connection that finds a hot journal it may not roll back.
 SQLITE_READONLY_ROLLBACK = 776
+#: SQLite's result code for a database another connection holds locked ("database is locked").
+SQLITE_BUSY = 5
+#: Seconds a read-only connection waits for another process's transaction on the cache (a purge
+#: deletes and rewrites every row of a large cache in two transactions, seconds each), as long as a
+#: writer waits for the folder's write lock; then :class:`~.storage.IndexWriteLockedError`.
+READ_BUSY_TIMEOUT = DEFAULT_LOCK_TIMEOUT
 
 
 class InterruptedCacheWriteError(RuntimeError):
@@ -97,7 +104,8 @@ class EmbeddingCache:
         self._seed: Optional[EmbeddingCache] = None
         if read_only:
             if self.path.exists():
-                self._conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False)
+                uri = f"{self.path.resolve().as_uri()}?mode=ro"
+                self._conn = sqlite3.connect(uri, uri=True, check_same_thread=False, timeout=READ_BUSY_TIMEOUT)
                 try:
                     self._read("SELECT COUNT(*) FROM sqlite_master")  # not a database: an error now
                 except BaseException:
@@ -225,12 +233,16 @@ class EmbeddingCache:
 
     def _read(self, sql: str, params: Sequence[object] = ()) -> list:
         """The rows of a query; a hot journal a read-only connection cannot roll back is an
-        :class:`InterruptedCacheWriteError` (the cache is not damaged)."""
+        :class:`InterruptedCacheWriteError` (the cache is not damaged), and another process's
+        transaction still running after :data:`READ_BUSY_TIMEOUT` seconds an
+        :class:`~.storage.IndexWriteLockedError`."""
         try:
             return self._conn.execute(sql, params).fetchall()
         except sqlite3.Error as exc:
             if self.read_only and is_interrupted_write(exc):
                 raise InterruptedCacheWriteError(self.path) from exc
+            if self.read_only and getattr(exc, "sqlite_errorcode", None) == SQLITE_BUSY:
+                raise IndexWriteLockedError(self.path, READ_BUSY_TIMEOUT) from exc
             raise
 
     def close(self) -> None:

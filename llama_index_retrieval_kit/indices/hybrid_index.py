@@ -302,6 +302,29 @@ def _being_published(storage: Path) -> bool:
     return not (storage / _storage.MANIFEST).exists() and (storage / _storage.PUBLISH_MARKER).exists()
 
 
+def _disk_build_id(storage: Path) -> Optional[str]:
+    """The build id ``index.json`` names now (None: none recorded, or no readable ``index.json``)."""
+    try:
+        return IndexManifest.read(storage / _storage.MANIFEST, READABLE_FORMATS).build_id
+    except (ValueError, OSError):
+        return None
+
+
+def _replaced_while_read(storage: Path, build_id: Optional[str]) -> Optional[str]:
+    """After an error reading ``storage``'s index of build ``build_id``: whether a rebuild in
+    another process moved it away meanwhile (its publish moves the old index's files out, the new
+    ones in, ``index.json`` last): ``"publishing"`` (no ``index.json``, a publish marker),
+    ``"rebuilt"`` (another build's ``index.json`` in place), or None (the same build: the error
+    is the folder's own)."""
+    if _being_published(storage):
+        return "publishing"
+    try:
+        disk = IndexManifest.read(storage / _storage.MANIFEST, READABLE_FORMATS)
+    except (ValueError, OSError):
+        return None
+    return "rebuilt" if disk.build_id != build_id else None
+
+
 def push_again_advice(storage_dir: Path, url: str) -> str:
     """What makes a server copy of an embedded folder current again: pushing the folder again."""
     return (
@@ -483,7 +506,9 @@ def _read_committed(
 
     A writer in another process deletes a generation's files once it committed the next one;
     when the files go while they are read, ``index.json`` is read again and the newer generation
-    read instead (up to :data:`GENERATION_READ_ATTEMPTS` times); damage is an error."""
+    read instead (up to :data:`GENERATION_READ_ATTEMPTS` times); damage is an error. A newer
+    generation of another build (the folder was rebuilt meanwhile) is not followed: the error is
+    raised, for the caller to tell (:func:`_replaced_while_read`)."""
     manifest_file = storage / _storage.MANIFEST
     for attempt in range(GENERATION_READ_ATTEMPTS):
         gen = manifest.generation
@@ -494,8 +519,13 @@ def _read_committed(
             bm25, docstore = read_generation(storage, gen, custom_tokenizer, defer_docstore=verified)
             return manifest, verified, bm25, docstore
         except (_storage.DamagedIndexError, OSError):  # OSError: a file gone while it was hashed
-            disk = IndexManifest.read(manifest_file, READABLE_FORMATS)
-            if disk.generation == gen or attempt == GENERATION_READ_ATTEMPTS - 1:
+            try:
+                disk = IndexManifest.read(manifest_file, READABLE_FORMATS)
+            except FileNotFoundError:
+                if _being_published(storage):  # moved out by a rebuild's publish
+                    raise IndexBeingPublishedError(storage) from None
+                raise
+            if disk.generation == gen or disk.build_id != manifest.build_id or attempt == GENERATION_READ_ATTEMPTS - 1:
                 raise
             logger.info("%s: generation %d was replaced by %d while it was read; reading that", storage, gen, disk.generation)
             manifest = disk.with_qdrant_url(qdrant_url) if qdrant_url else disk
@@ -1043,10 +1073,53 @@ class HybridIndex:
         search (``qdrant_hybrid``, ``dense_search="qdrant"``) and writes raise
         :class:`~.storage.IndexReadOnlyError`. It keeps serving the generation it read until
         :meth:`refresh`. A Qdrant server (``qdrant_url``) is searched as usual, writes refused.
+
+        A rebuild that another process publishes into the folder while this open reads it (its
+        files go, or the new build's files replace the old ones under the same names) is never
+        read half: the folder is opened again, on the new build; while the new build's files are
+        still moving in, :class:`IndexBeingPublishedError` (retry shortly).
         """
         if not isinstance(read_only, bool):
             raise TypeError(f"read_only must be True or False, got {read_only!r}")
         storage = Path(storage_dir)
+        options = dict(embed_model=embed_model, node_parser=node_parser, qdrant_api_key=qdrant_api_key,
+                       custom_tokenizer=custom_tokenizer, qdrant_url=qdrant_url, read_only=read_only)
+        # A rebuild in another process may publish a new index while this open reads the old one
+        # (files gone, or the new build's files read with the old index.json): opened again.
+        for attempt in range(GENERATION_READ_ATTEMPTS):
+            build_id = _disk_build_id(storage)
+            try:
+                index = cls._open(storage, **options)
+            except (_storage.DamagedIndexError, _storage.IndexReadOnlyError, OSError):
+                replaced = _replaced_while_read(storage, build_id)
+                if replaced == "publishing":
+                    raise IndexBeingPublishedError(storage) from None
+                if replaced is None or attempt == GENERATION_READ_ATTEMPTS - 1:
+                    raise
+            else:
+                replaced = _replaced_while_read(storage, index.manifest.build_id)
+                if replaced is None:
+                    return index
+                index.close()
+                if replaced == "publishing":
+                    raise IndexBeingPublishedError(storage)
+                if attempt == GENERATION_READ_ATTEMPTS - 1:
+                    raise _storage.IndexReadOnlyError(storage, "the folder was rebuilt again and again while it was opened", REBUILT_ADVICE)
+            logger.info("%s was rebuilt while it was opened; opening the new index", storage)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    @classmethod
+    def _open(
+        cls,
+        storage: Path,
+        embed_model: Optional[BaseEmbedding],
+        node_parser: Optional[NodeParser],
+        qdrant_api_key: Optional[str],
+        custom_tokenizer: Any,
+        qdrant_url: Optional[str],
+        read_only: bool,
+    ) -> "HybridIndex":
+        """One attempt of :meth:`load` (its arguments, checked)."""
         manifest_file = storage / _storage.MANIFEST
         if not manifest_file.exists() and not read_only:
             _storage.resume_publish(storage)  # a rebuild killed while it moved the new index in: finished
@@ -1178,7 +1251,11 @@ class HybridIndex:
         An embedded folder served from a server copy (``load(dir, qdrant_url=)``) moves only to a
         generation the copy holds: while the folder has committed one that was not pushed yet, it
         keeps serving the generation it has (the copy's), logs a warning (once per generation)
-        and returns False; after ``push_to`` it moves."""
+        and returns False; after ``push_to`` it moves.
+
+        A folder rebuilt since this object opened it is an :class:`~.storage.IndexReadOnlyError`
+        (open it again), also when the rebuild is published while the new generation is read (never
+        served half); one whose new build is still moving in, :class:`IndexBeingPublishedError`."""
         if self._read_only is None and self._served_elsewhere is None:  # a writer: under the write guard
             with self._write_guard.hold(), self._rw_lock.write():
                 before = self.manifest.generation
@@ -1199,12 +1276,26 @@ class HybridIndex:
             return False
         url = self.manifest.qdrant_url
         manifest = disk.with_qdrant_url(url) if url else disk
-        manifest, _, committed, docstore = _read_committed(self.storage_dir, manifest, self.tokenizer_config.custom_tokenizer, url)
+        try:
+            manifest, _, committed, docstore = _read_committed(self.storage_dir, manifest, self.tokenizer_config.custom_tokenizer, url)
+        except (_storage.DamagedIndexError, OSError):
+            self._check_not_rebuilt()  # a rebuild began meanwhile: its files went
+            raise
+        self._check_not_rebuilt()  # and one that ended meanwhile: the new build's files may have been read
         if self._serves_copy and not self._copy_holds(copy, manifest):  # committed again while being read
             return False
         self._serve_generation(manifest, committed, docstore)
         logger.info("%s: now serving generation %d", self.storage_dir, manifest.generation)
         return True
+
+    def _check_not_rebuilt(self) -> None:
+        """Raise when another process's rebuild replaced this object's index (or is moving the new
+        one in): :class:`IndexBeingPublishedError` or :class:`~.storage.IndexReadOnlyError`."""
+        replaced = _replaced_while_read(self.storage_dir, self.manifest.build_id)
+        if replaced == "publishing":
+            raise IndexBeingPublishedError(self.storage_dir) from None
+        if replaced == "rebuilt":
+            raise _storage.IndexReadOnlyError(self.storage_dir, "the folder was rebuilt since this object opened it", REBUILT_ADVICE) from None
 
     def _serve_generation(self, manifest: IndexManifest, committed: BM25Retriever, docstore: Any) -> None:
         """Answer from a generation just read (``manifest``, its BM25 index and its docstore, or a

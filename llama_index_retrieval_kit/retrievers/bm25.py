@@ -43,7 +43,7 @@ from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, Query
 from llama_index.core.storage.docstore.utils import doc_to_json, json_to_doc
 from llama_index.core.vector_stores.types import MetadataFilters
 
-from .._files import atomic_writer, fsync_dir, fsync_tree
+from .._files import atomic_writer, folder_lock, fsync_dir, fsync_tree
 from .._json_fragments import FragmentCache
 from .bm25_counts import VECTORISED_METHODS, TermCounts, count_terms, counted_index, updated_counts
 from .checks import check_positive_int, check_query_text, checked_query
@@ -609,6 +609,29 @@ def _payload_paths(folder: Path) -> Tuple[Dict[str, Path], bool]:
     return paths, True
 
 
+def _write_payload(folder: Path, snapshot: BM25Snapshot, fragments: Sequence[bytes], config: Dict[str, Any]) -> None:
+    """Write ``snapshot`` (nodes.json from ``fragments``, ``config`` last) into ``folder``, setting
+    an earlier persist aside until the new one is complete (the caller holds the folder's lock)."""
+    replacing = _set_aside_earlier(folder)
+    if snapshot.bm25 is not None:
+        snapshot.bm25.save(folder / _BM25S_DIR, show_progress=False)
+    with open(folder / _NODES_FILE, "wb") as f:
+        f.write(b"[")
+        f.write(b", ".join(fragments))
+        f.write(b"]")
+    if snapshot.tokens is not None:
+        snapshot.tokens.save(folder)
+    if replacing:  # on disk before the config makes them the index and the earlier one is deleted
+        _fsync_payload(folder)
+    # Last and in one rename: from here on the folder holds the new index. Its permissions are
+    # those open() gave nodes.json (the umask's), as when the config was written with open().
+    mode = stat.S_IMODE((folder / _NODES_FILE).stat().st_mode)
+    with atomic_writer(folder / _CONFIG_FILE, file_mode=mode, sync_folder=replacing) as f:
+        json.dump(config, f, indent=2, ensure_ascii=False)
+    if replacing:
+        _remove_previous(folder)
+
+
 def _check_params(k1: float, b: float, method: str, similarity_top_k: int) -> None:
     if not isinstance(k1, (int, float)) or isinstance(k1, bool) or not k1 >= 0 or not np.isfinite(k1):
         raise ValueError(f"k1 must be a finite number >= 0, got {k1!r}")
@@ -936,7 +959,10 @@ class BM25Retriever(BaseRetriever):
         ``tokens_vocab.json``); other files in ``folder`` are left alone. Over an earlier persist, a
         failure or crash part-way never loses it: the earlier payload waits in ``folder/.previous/``
         until the new one is complete (``retriever.json`` is written last, atomically), and
-        :meth:`load` reads the earlier index until a persist completes.
+        :meth:`load` reads the earlier index until a persist completes. Persists into one folder
+        run one at a time, from threads or processes (the folder is locked meanwhile, see
+        :func:`~llama_index_retrieval_kit._files.folder_lock`; no file is added to it), and a
+        :meth:`load` waits for a running persist: it reads the earlier index or the new one, never a mix.
 
         Filters and ``custom_tokenizer`` are not saved: pass them to :meth:`load`. Each node's
         JSON is kept (shared with this index's views) and reused while the node stays indexed,
@@ -963,24 +989,8 @@ class BM25Retriever(BaseRetriever):
             "has_tokens": snapshot.tokens is not None,
             "tokenizer": self._tokenizer_config.to_persisted(),
         }
-        replacing = _set_aside_earlier(folder)
-        if snapshot.bm25 is not None:
-            snapshot.bm25.save(folder / _BM25S_DIR, show_progress=False)
-        with open(folder / _NODES_FILE, "wb") as f:
-            f.write(b"[")
-            f.write(b", ".join(fragments))
-            f.write(b"]")
-        if snapshot.tokens is not None:
-            snapshot.tokens.save(folder)
-        if replacing:  # on disk before the config makes them the index and the earlier one is deleted
-            _fsync_payload(folder)
-        # Last and in one rename: from here on the folder holds the new index. Its permissions are
-        # those open() gave nodes.json (the umask's), as when the config was written with open().
-        mode = stat.S_IMODE((folder / _NODES_FILE).stat().st_mode)
-        with atomic_writer(folder / _CONFIG_FILE, file_mode=mode, sync_folder=replacing) as f:
-            json.dump(config, f, indent=2, ensure_ascii=False)
-        if replacing:
-            _remove_previous(folder)
+        with folder_lock(folder):  # one persist at a time; loads wait for it (see load)
+            _write_payload(folder, snapshot, fragments, config)
         logger.info("bm25 index with %d nodes saved to %s", len(snapshot.nodes), folder)
 
     @classmethod
@@ -997,7 +1007,9 @@ class BM25Retriever(BaseRetriever):
         """Load a retriever saved by :meth:`persist`; it scores exactly like the saved one.
 
         When the last persist into ``folder`` was interrupted, the index it was replacing is loaded
-        (with a warning). Nothing is written.
+        (with a warning). Nothing is written. A persist running into ``folder`` (another thread or
+        process) is waited for; loads run together (a shared lock of the folder, taken in
+        read-only folders too).
 
         Args:
             folder: The folder given to ``persist``.
@@ -1006,6 +1018,20 @@ class BM25Retriever(BaseRetriever):
             similarity_top_k: Override the saved number of results per query.
         """
         folder = Path(folder)
+        with folder_lock(folder, shared=True):
+            return cls._load_unlocked(folder, custom_tokenizer, filters, similarity_top_k, callback_manager, verbose)
+
+    @classmethod
+    def _load_unlocked(
+        cls,
+        folder: Path,
+        custom_tokenizer: Optional[Callable[[str], List[str]]],
+        filters: Optional[MetadataFilters],
+        similarity_top_k: Optional[int],
+        callback_manager: Optional[CallbackManager],
+        verbose: bool,
+    ) -> "BM25Retriever":
+        """:meth:`load`, with the folder's lock held by the caller."""
         paths, interrupted = _payload_paths(folder)
         config_path = paths[_CONFIG_FILE]
         if not config_path.exists():
