@@ -257,7 +257,7 @@ def cmd_index(args: argparse.Namespace) -> int:
             if vanished.chunks_deleted:
                 stats["pruned"] = len(vanished.doc_ids)
             if want_hnsw:
-                stats["hnsw"] = "optimised" if index.optimize() else "up to date"
+                stats["hnsw"] = "optimised" if index.optimize(show_progress=not args.quiet) else "up to date"
             total = len(index)
             _prepare_fast_queries(index)
     else:
@@ -277,7 +277,7 @@ def cmd_index(args: argparse.Namespace) -> int:
             if empty:
                 stats["empty"] = empty
             if want_hnsw:
-                stats["hnsw"] = "optimised" if index.optimize() else "up to date"
+                stats["hnsw"] = "optimised" if index.optimize(show_progress=not args.quiet) else "up to date"
             total = len(index)
             _prepare_fast_queries(index)
     empty = stats.pop("empty", None)
@@ -477,7 +477,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
     _require_index(args.storage)
     before = json.loads((Path(args.storage) / "index.json").read_text(encoding="utf-8")).get("format_version")
-    with HybridIndex.load(args.storage) as index:  # a format-1 folder is migrated by opening it
+    with HybridIndex.load(args.storage, show_progress=not args.quiet) as index:  # a format-1 folder is migrated by opening it
         chunks = len(index)
     _out(
         f"{args.storage}: migrated to Qdrant Edge ({chunks} chunks)" if before == 1 else f"{args.storage}: already current ({chunks} chunks)"
@@ -599,7 +599,7 @@ def _bytes(n: int) -> str:
 def cmd_purge(args: argparse.Namespace) -> int:
     index, storage = _open_index_to_delete(args)
     with index:
-        stats = index.purge()
+        stats = index.purge(show_progress=not args.quiet)
     _out(
         f"purged {storage}: the Qdrant Edge shard was written afresh with the {stats['points']} committed chunk(s) "
         f"(deleted and replaced chunks' text is gone from its WAL and segments); {stats['cache_rows_removed']} cached "

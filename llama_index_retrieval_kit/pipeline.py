@@ -773,7 +773,7 @@ def build_index(
         try:
             index.upsert(documents, show_progress=show_progress, allow_source_change=allow_source_change)
             if config.index.build_hnsw:
-                index.optimize()
+                index.optimize(show_progress=show_progress)
         except BaseException:
             index.close()
             raise

@@ -56,7 +56,7 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 from llama_index.core.base.base_retriever import BaseRetriever
@@ -102,6 +102,8 @@ DENSE_SEARCH: tuple[str, ...] = tuple(m.value for m in DenseSearch)
 #: vectors without HNSW logs a hint to run :meth:`HybridIndex.optimize` (an exact scan of 50k
 #: 384-d vectors takes about 4 ms per query on 2 cores).
 PLAIN_SCAN_HINT_VECTORS = 50_000
+#: The progress line of Qdrant Edge's HNSW build (:meth:`HybridIndex.optimize`): one opaque call.
+HNSW_STEP = "Building HNSW (one Qdrant Edge call, no progress inside it)"
 
 
 def _describe_model(class_name: Optional[str], name: str) -> str:
@@ -568,6 +570,40 @@ def _disk_usage(path: Path) -> int:
     return total
 
 
+def _check_flag(name: str, value: Any) -> None:
+    """A TypeError naming ``name`` unless ``value`` is True or False."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+
+
+def _progress_bar(show_progress: bool, desc: str, total: int, unit: str) -> Any:
+    """A tqdm bar on stderr over ``total`` units of real work (``tqdm.auto``, as the package's other
+    bars), or None when ``show_progress`` is False."""
+    if not show_progress:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit)
+
+
+@contextlib.contextmanager
+def _opaque_step(show_progress: bool, desc: str) -> Iterator[None]:
+    """A progress line on stderr for a step that is one opaque call reporting no progress of its
+    own (Qdrant Edge's optimize, SQLite's DELETE and VACUUM): ``desc`` while it runs, with its
+    elapsed time once it returns (Edge's optimize holds the GIL: no thread could redraw the line
+    meanwhile). Nothing when ``show_progress`` is False."""
+    if not show_progress:
+        yield
+        return
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=None, desc=desc, bar_format="{desc} [{elapsed}]")
+    try:
+        yield
+    finally:
+        bar.close()
+
+
 def _close_quietly(store: Any, cache: Any) -> None:
     """Close a point store and an embedding cache, ignoring errors (finalizer of HybridIndex)."""
     for resource in (store, cache):
@@ -865,10 +901,11 @@ class HybridIndex:
         (:class:`IndexBusyError`): an open index that finds its folder rebuilt turns read-only.
 
         ``build_hnsw=True`` also builds the embedded engine's HNSW index before the folder is
-        published (:meth:`optimize`; ignored with ``qdrant_url=``, a server indexes on its own).
-        Off by default: the default modes search the vectors exactly in memory and never use it,
-        and it is most of the build time at scale (96 of 224 s at 162k chunks, docs/benchmarks.md);
-        only ``qdrant_hybrid`` and ``dense_search="qdrant"`` use it, and they scan exactly without it.
+        published (:meth:`optimize`, shown as a step of its own with ``show_progress``; ignored with
+        ``qdrant_url=``, a server indexes on its own). Off by default: the default modes search the
+        vectors exactly in memory and never use it, and it is most of the build time at scale (96 of
+        224 s at 162k chunks, docs/benchmarks.md); only ``qdrant_hybrid`` and ``dense_search="qdrant"``
+        use it, and they scan exactly without it.
 
         ``collection``: the collection name (letters, digits, '_', '-'; default ``"chunks"``, or the
         replaced index's). With ``qdrant_url``, the points go to a new collection ``<collection>-<12
@@ -937,7 +974,7 @@ class HybridIndex:
                 index._commit()  # generation 0: empty but valid
                 index.upsert(documents, show_progress=show_progress)
                 if build_hnsw:
-                    index._optimize_store()
+                    index._optimize_store(show_progress)
                 if not store.exists():
                     # No document gave a chunk: create the collection anyway (dimension from one probe
                     # embedding), so that every retriever mode answers [] instead of "not found".
@@ -1023,6 +1060,7 @@ class HybridIndex:
         custom_tokenizer: Any = None,
         qdrant_url: Optional[str] = None,
         read_only: bool = False,
+        show_progress: bool = False,
     ) -> "HybridIndex":
         """Open an index folder. The embedding model must be the one it was built with.
 
@@ -1042,7 +1080,8 @@ class HybridIndex:
         (Qdrant local mode in ``qdrant/``) is migrated to Qdrant Edge once, on this open, from its
         docstore and embedding cache, without reading ``qdrant/`` (deleted afterwards); chunks
         missing from the cache are embedded again. ``rkit migrate DIR`` does the same from the
-        command line.
+        command line. ``show_progress=True`` shows that migration's progress on stderr (the chunks
+        embedded again, then the points written); an open that migrates nothing shows nothing.
 
         ``qdrant_url`` serves an embedded folder from a Qdrant server its points were copied to
         with :meth:`push_to` (same results); such an object does not write (the folder's own
@@ -1079,11 +1118,11 @@ class HybridIndex:
         read half: the folder is opened again, on the new build; while the new build's files are
         still moving in, :class:`IndexBeingPublishedError` (retry shortly).
         """
-        if not isinstance(read_only, bool):
-            raise TypeError(f"read_only must be True or False, got {read_only!r}")
+        _check_flag("read_only", read_only)
+        _check_flag("show_progress", show_progress)
         storage = Path(storage_dir)
         options = dict(embed_model=embed_model, node_parser=node_parser, qdrant_api_key=qdrant_api_key,
-                       custom_tokenizer=custom_tokenizer, qdrant_url=qdrant_url, read_only=read_only)
+                       custom_tokenizer=custom_tokenizer, qdrant_url=qdrant_url, read_only=read_only, show_progress=show_progress)
         # A rebuild in another process may publish a new index while this open reads the old one
         # (files gone, or the new build's files read with the old index.json): opened again.
         for attempt in range(GENERATION_READ_ATTEMPTS):
@@ -1118,6 +1157,7 @@ class HybridIndex:
         custom_tokenizer: Any,
         qdrant_url: Optional[str],
         read_only: bool,
+        show_progress: bool = False,
     ) -> "HybridIndex":
         """One attempt of :meth:`load` (its arguments, checked)."""
         manifest_file = storage / _storage.MANIFEST
@@ -1217,7 +1257,7 @@ class HybridIndex:
             return index
         try:
             if legacy:
-                index._migrate_from_local_mode()
+                index._migrate_from_local_mode(show_progress)
             index._finish_open(verified)
         except BaseException:
             index.close()
@@ -1327,10 +1367,11 @@ class HybridIndex:
         except _store.StoreBusyError:
             raise IndexBusyError(storage) from None
 
-    def _migrate_from_local_mode(self) -> None:
+    def _migrate_from_local_mode(self, show_progress: bool = False) -> None:
         """Rebuild the points of a format-1 folder in Qdrant Edge, from the committed docstore and
         the embedding cache, without reading ``qdrant/`` (local mode pickles its points); then
-        record format 2 and delete ``qdrant/``. Interrupted, it starts over on the next open."""
+        record format 2 and delete ``qdrant/``. Interrupted, it starts over on the next open.
+        ``show_progress``: bars over the chunks embedded again and the points written."""
         storage = self.storage_dir
         with contextlib.ExitStack() as held:
             try:
@@ -1347,7 +1388,7 @@ class HybridIndex:
             leaves = list(self.bm25.snapshot.nodes)
             before = len(self.cache)
             if leaves:
-                self._write_leaves_from_cache(leaves)
+                self._write_leaves_from_cache(leaves, show_progress, "Migrating to Qdrant Edge")
             elif self.manifest.embed_dim:
                 self._ensure_collection(self.manifest.embed_dim)
             self.store.flush()
@@ -1535,7 +1576,7 @@ class HybridIndex:
         return len(node_ids)
 
     @_exclusive_write
-    def optimize(self) -> bool:
+    def optimize(self, show_progress: bool = False) -> bool:
         """Build the embedded engine's HNSW index over every stored point (Qdrant Edge's segment
         optimisers, run until none is planned: HNSW for segments above Edge's indexing threshold,
         about 6,700 384-d vectors; smaller ones are scanned, which is as fast). True when it changed
@@ -1548,12 +1589,17 @@ class HybridIndex:
         chunks) and holds the write lock meanwhile; queries of this process wait. Nothing changes
         what any query returns, apart from HNSW being approximate. A server indexes in the
         background on its own: there it does nothing and returns False. Also ``rkit index --hnsw``.
-        """
-        return self._optimize_store()
 
-    def _optimize_store(self) -> bool:
+        ``show_progress=True`` shows the step on stderr. The build is one call into Qdrant Edge that
+        reports no progress (and holds the GIL), so there is no count or estimate to show: a line
+        names the step while it runs and gives its elapsed time once it returns.
+        """
+        _check_flag("show_progress", show_progress)
+        return self._optimize_store(show_progress)
+
+    def _optimize_store(self, show_progress: bool = False) -> bool:
         started = time.perf_counter()
-        with self._rw_lock.write():
+        with self._rw_lock.write(), _opaque_step(show_progress and self.store.kind == "edge", HNSW_STEP):
             changed = self.store.optimize()
         logger.info(
             "%s: engine optimised in %.1f s (%s)",
@@ -1564,7 +1610,7 @@ class HybridIndex:
         return changed
 
     @_exclusive_write
-    def purge(self) -> Dict[str, int]:
+    def purge(self, show_progress: bool = False) -> Dict[str, int]:
         """Erase from the folder what the committed index no longer holds: the text, metadata and
         vectors of deleted and replaced chunks. :meth:`delete` and :meth:`upsert` take them out of
         every query path, but Qdrant Edge keeps their payloads in its WAL and segment pages (seen
@@ -1595,7 +1641,13 @@ class HybridIndex:
         WAL and snapshots; an interrupted build's ``.<name>.building`` beside the folder keeps its
         own cache (a warning names it). The file system reuses the freed blocks as usual: nothing
         overwrites the disk itself. ``rkit purge --storage DIR`` runs this.
+
+        ``show_progress=True`` shows it on stderr step by step: a bar over the points written to the
+        new shard, then a line for each step that is one opaque call reporting no progress of its
+        own (vectors the cache lacks read from the old shard; Edge's HNSW build; the cache's DELETE
+        and VACUUM), naming it while it runs and giving its elapsed time once done.
         """
+        _check_flag("show_progress", show_progress)
         if self.store.kind != "edge":
             raise ValueError(
                 f"{self.storage_dir} lives on {self.store.location}; purge() rewrites the embedded shard. On a server, "
@@ -1607,11 +1659,12 @@ class HybridIndex:
         leaves = list(self.bm25.snapshot.nodes)
         model = model_key(self.embed_model)
         keys = [text_key(n.get_content(metadata_mode=MetadataMode.EMBED)) for n in leaves]
-        copied = self._cache_vectors_from_store(leaves, keys, model)
+        copied = self._cache_vectors_from_store(leaves, keys, model, show_progress)
         with self._rw_lock.write():  # queries reading the shard wait: it is gone until rewritten
-            self._rewrite_store(leaves)
-        removed = self.cache.retain(model, keys)
-        self.cache.vacuum()
+            self._rewrite_store(leaves, show_progress)
+        with _opaque_step(show_progress, "Purging: cleaning the embedding cache (SQLite DELETE and VACUUM)"):
+            removed = self.cache.retain(model, keys)
+            self.cache.vacuum()
         stats = {
             "points": self.store.count(),
             "cache_rows_removed": removed,
@@ -1632,19 +1685,20 @@ class HybridIndex:
             )
         return stats
 
-    def _cache_vectors_from_store(self, leaves: Sequence[BaseNode], keys: Sequence[str], model: str) -> int:
+    def _cache_vectors_from_store(self, leaves: Sequence[BaseNode], keys: Sequence[str], model: str, show_progress: bool = False) -> int:
         """Copy into the embedding cache the stored vectors of the ``leaves`` (text keys ``keys``)
         it lacks, so that rewriting the points embeds nothing; returns how many."""
         missing = set(self.cache.missing(model, keys))
         if not missing or not self.store.exists():
             return 0
         wanted = {_store.point_id(n.node_id): key for n, key in zip(leaves, keys) if key in missing}
-        point_ids, vectors = self.store.dense_block()
-        rows = {wanted[pid]: vectors[i] for i, pid in enumerate(point_ids) if pid in wanted}
-        self.cache.put_many(model, rows.items())
+        with _opaque_step(show_progress, "Purging: copying the vectors the embedding cache lacks from the shard"):
+            point_ids, vectors = self.store.dense_block()
+            rows = {wanted[pid]: vectors[i] for i, pid in enumerate(point_ids) if pid in wanted}
+            self.cache.put_many(model, rows.items())
         return len(rows)
 
-    def _rewrite_store(self, leaves: Sequence[BaseNode]) -> None:
+    def _rewrite_store(self, leaves: Sequence[BaseNode], show_progress: bool = False) -> None:
         """:meth:`purge`'s step 1, under the write locks: journal a write touching every chunk,
         replace the shard by a fresh one holding the committed ``leaves`` (vectors from the cache,
         the old payload indexes, HNSW when the old shard had it), then clear the journal as a
@@ -1663,9 +1717,10 @@ class HybridIndex:
             if self.manifest.embed_dim:
                 self._ensure_collection(self.manifest.embed_dim)
                 store.ensure_payload_indexes(indexes)
-            self._write_leaves_from_cache(leaves)
+            self._write_leaves_from_cache(leaves, show_progress, "Purging: rewriting the shard")
             if had_hnsw:
-                store.optimize()
+                with _opaque_step(show_progress, HNSW_STEP):
+                    store.optimize()
             store.refresh()  # exact IDF statistics; the engine drops the segments the optimiser replaced
             schema = self.storage_dir / STORE_DIR / _store.SCHEMA_FILE
             if schema.exists():  # durable before the journal stops covering the new shard
@@ -1984,8 +2039,11 @@ class HybridIndex:
         self.store.create(dim)
         self._journal.amend(self.manifest.with_embed_dim(dim))
 
-    def _write_points(self, leaves: Sequence[BaseNode], vectors: Any, tokens: Optional[List[List[str]]] = None) -> List[List[str]]:
-        """Write the points of ``leaves``; returns their BM25 tokens (computed once, shared with BM25)."""
+    def _write_points(
+        self, leaves: Sequence[BaseNode], vectors: Any, tokens: Optional[List[List[str]]] = None, progress: Optional[Callable[[int], None]] = None
+    ) -> List[List[str]]:
+        """Write the points of ``leaves``; returns their BM25 tokens (computed once, shared with BM25).
+        ``progress`` is called with the number of points of each batch written (a bar's ``update``)."""
         # Unit-length vectors: cosine does not care, and the dense matrix read back from any
         # transport then scores like the engine (Qdrant local mode, for one, normalised on upsert
         # but not when it reloaded a collection from disk).
@@ -1995,11 +2053,13 @@ class HybridIndex:
         if tokens is None:
             tokens = [self.bm25.node_tokens(n) for n in leaves]
         bm25cfg = self._bm25_settings(tokens)
+        reporting = {} if progress is None else {"progress": progress}  # a store's upsert_points may take only the points
         self.store.upsert_points(
             [_store.point_id(node.node_id) for node in leaves],
             vectors,
             _store.bm25_sparse_parts(tokens, bm25cfg["avgdl"], bm25cfg["k1"], bm25cfg["b"], term_id=token_id),  # = bm25_doc_vector
             [_store.node_payload(node) for node in leaves],  # QdrantVectorStore layout + filter bookkeeping
+            **reporting,
         )
         return tokens
 
@@ -2011,15 +2071,21 @@ class HybridIndex:
             self._journal.amend(self.manifest.with_bm25_avgdl(avgdl))
         return self.manifest.bm25.model_dump()
 
-    def _write_leaves_from_cache(self, leaves: Sequence[BaseNode]) -> None:
+    def _write_leaves_from_cache(self, leaves: Sequence[BaseNode], show_progress: bool = False, desc: str = "Writing points") -> None:
         """(Re)write the points of committed ``leaves``, their vectors from the embedding cache (the
-        model embeds what it lacks): a roll-back and a migration."""
+        model embeds what it lacks): a roll-back, a migration and a purge. ``show_progress``: a bar
+        over the texts embedded (if any), then one named ``desc`` over the points written."""
         if not leaves:
             return
         texts = [n.get_content(metadata_mode=MetadataMode.EMBED) for n in leaves]
-        vectors = embed_texts(self.embed_model, texts, self.cache, batch_size=self.manifest.embed_batch_size)
+        vectors = embed_texts(self.embed_model, texts, self.cache, batch_size=self.manifest.embed_batch_size, show_progress=show_progress)
         self._ensure_collection(vectors.shape[1])
-        self._write_points(leaves, vectors)
+        bar = _progress_bar(show_progress, desc, total=len(leaves), unit="point")
+        try:
+            self._write_points(leaves, vectors, progress=None if bar is None else bar.update)
+        finally:
+            if bar is not None:
+                bar.close()
 
     def _begin(self, touched_ids: Sequence[str]) -> None:
         """Record what the next write touches (:meth:`.journal.WriteJournal.begin`), so a crash can

@@ -1288,9 +1288,17 @@ class EdgePoints(_PointStore):
                 self._shard().update(qe.UpdateOperation.create_field_index(field, getattr(qe.PayloadSchemaType, _EDGE_INDEX_TYPES[kind])))
             self._indexes[field] = kind
 
-    def upsert_points(self, point_ids: Sequence[str], dense: np.ndarray, sparse: Sequence[Any], payloads: Sequence[Mapping[str, Any]]) -> None:
+    def upsert_points(
+        self,
+        point_ids: Sequence[str],
+        dense: np.ndarray,
+        sparse: Sequence[Any],
+        payloads: Sequence[Mapping[str, Any]],
+        progress: Optional[Callable[[int], None]] = None,
+    ) -> None:
         """Insert or replace points (ids from :func:`point_id`, payloads from :func:`node_payload`),
-        creating the payload indexes their metadata wants."""
+        creating the payload indexes their metadata wants. ``progress`` is called with the number
+        of points of each batch the engine has written (a progress bar's ``update``)."""
         self._shard()
         schema = self._schema
         if schema is None:  # pragma: no cover - set with the shard
@@ -1311,6 +1319,8 @@ class EdgePoints(_PointStore):
             ]
             with engine_writes(self.path):
                 self._shard().update(qe.UpdateOperation.upsert_points(points))
+            if progress is not None:
+                progress(len(points))
 
     def delete_points(self, point_ids: Sequence[str]) -> None:
         self._check_open()
@@ -1628,7 +1638,14 @@ class ServerPoints(_PointStore):
                 self.client.create_payload_index(self.collection, field_name=field, field_schema=schema, wait=wait)
             self._indexes[field] = kind
 
-    def upsert_points(self, point_ids: Sequence[str], dense: np.ndarray, sparse: Sequence[Any], payloads: Sequence[Mapping[str, Any]]) -> None:
+    def upsert_points(
+        self,
+        point_ids: Sequence[str],
+        dense: np.ndarray,
+        sparse: Sequence[Any],
+        payloads: Sequence[Mapping[str, Any]],
+        progress: Optional[Callable[[int], None]] = None,
+    ) -> None:
         """As :meth:`EdgePoints.upsert_points`."""
         from qdrant_client import models
 
@@ -1645,7 +1662,10 @@ class ServerPoints(_PointStore):
             vector = {DENSE_VECTOR: vec.tolist(), SPARSE_VECTOR: models.SparseVector(indices=indices, values=values)}
             points.append(models.PointStruct(id=pid, vector=vector, payload=dict(payload)))
         for start in range(0, len(points), SERVER_UPSERT_BATCH):
-            self.client.upsert(self.collection, points=points[start : start + SERVER_UPSERT_BATCH], wait=True)
+            batch = points[start : start + SERVER_UPSERT_BATCH]
+            self.client.upsert(self.collection, points=batch, wait=True)
+            if progress is not None:
+                progress(len(batch))
 
     def delete_points(self, point_ids: Sequence[str]) -> None:
         from qdrant_client import models
