@@ -285,3 +285,22 @@ def test_a_cache_transaction_outlasting_the_wait_is_a_one_line_busy_error(tmp_pa
         holder.wait(30)
         reader.close()
     assert str(path) in str(raised.value) and isinstance(raised.value.__cause__, sqlite3.OperationalError)
+
+
+def test_a_writable_cache_open_waits_like_a_reader_then_says_busy_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Opening a writable cache writes (its table, re-keyed rows) outside the folder's write lock:
+    sqlite's 5 s default raised a bare 'database is locked' beside another process's purge."""
+    path = tmp_path / "embeddings.sqlite"
+    vectors = cache_with_rows(path, 3)
+    monkeypatch.setattr(embedding_cache_module, "READ_BUSY_TIMEOUT", 0.2)
+    holder = hold_lock(path, 2.0)
+    try:
+        with pytest.raises(IndexWriteLockedError, match="wait for that write or build to finish"):
+            EmbeddingCache(path)
+    finally:
+        holder.wait(30)
+    cache = EmbeddingCache(path)  # the transaction ended: opens and reads as before
+    try:
+        assert sorted(cache.get_many("m", list(vectors))) == sorted(vectors)
+    finally:
+        cache.close()

@@ -116,12 +116,19 @@ class EmbeddingCache:
                 self._create_table()
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._conn = sqlite3.connect(str(self.path), check_same_thread=False)
+        # Opening writes (the table, re-keyed rows) outside the folder's write lock: another process's
+        # transaction (a purge's delete and VACUUM) is waited for as long as a read-only reader waits.
+        self._conn = sqlite3.connect(str(self.path), check_same_thread=False, timeout=READ_BUSY_TIMEOUT)
         try:
             self._create_table()
             self._migrate_packaged_paths()
             if seed_from is not None:
                 self._seed = _open_seed(Path(seed_from))
+        except sqlite3.OperationalError as exc:
+            self._conn.close()
+            if getattr(exc, "sqlite_errorcode", None) == SQLITE_BUSY:
+                raise IndexWriteLockedError(self.path, READ_BUSY_TIMEOUT) from exc
+            raise
         except BaseException:
             self._conn.close()
             raise
