@@ -505,7 +505,7 @@ def _open_index_to_delete(args: argparse.Namespace) -> tuple[Any, Path]:
     from .indices import HybridIndex
 
     storage = Path(args.storage)
-    return HybridIndex.load(storage, embed_model=_query_embed_model_of(storage)), storage
+    return HybridIndex.load(storage, embed_model=_query_embed_model_of(storage), show_progress=not args.quiet), storage
 
 
 def _unknown_ids_message(unknown: Sequence[str], index: Any, storage: Path) -> str:
