@@ -44,3 +44,24 @@ def settings_node_parser() -> Optional[Any]:
     if type(parser) is SentenceSplitter and parser.to_dict() == SentenceSplitter().to_dict():
         return None  # LlamaIndex's lazily built default, not a setting
     return parser
+
+
+def engine_kwargs_for(llm: Optional[Any], engine_kwargs: dict) -> dict:
+    """``RetrieverQueryEngine.from_args`` keywords that answer with ``llm`` in every response mode.
+
+    LlamaIndex's ``get_response_synthesizer`` builds ``NoText`` (``response_mode="no_text"``)
+    without the ``llm`` it was given, so that synthesizer falls back to ``Settings.llm``: OpenAI
+    when nothing was set (an ImportError, or a paid API). For that mode the synthesizer is built
+    here with ``llm`` (and the engine's ``callback_manager`` and ``streaming``), unless the caller
+    passed a ``response_synthesizer``. Other modes are left to LlamaIndex. ``engine_kwargs`` is
+    not changed."""
+    mode = engine_kwargs.get("response_mode")
+    if llm is None or engine_kwargs.get("response_synthesizer") is not None or str(getattr(mode, "value", mode)) != "no_text":
+        return dict(engine_kwargs)
+    from llama_index.core.response_synthesizers.no_text import NoText
+
+    kwargs = dict(engine_kwargs)
+    kwargs["response_synthesizer"] = NoText(
+        llm=llm, callback_manager=kwargs.get("callback_manager"), streaming=bool(kwargs.get("streaming", False))
+    )
+    return kwargs

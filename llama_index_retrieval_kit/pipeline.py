@@ -1118,7 +1118,7 @@ def build_query_engine(config: PipelineConfig, llm: Any = None, index: Any = Non
     and closed with the engine). Other keywords go to ``RetrieverQueryEngine.from_args``
     (``response_mode``, ``text_qa_template``, ``streaming``, ...).
     """
-    from ._settings import settings_llm
+    from ._settings import engine_kwargs_for, settings_llm
 
     if llm is None and settings_llm() is None:
         raise ValueError(
@@ -1131,7 +1131,9 @@ def build_query_engine(config: PipelineConfig, llm: Any = None, index: Any = Non
     postprocessors = build_postprocessors(config)
     retriever = build_retriever(config, index=index)
     try:
-        engine = PipelineQueryEngine.from_args(retriever, llm=llm, node_postprocessors=postprocessors, **engine_kwargs)
+        engine = PipelineQueryEngine.from_args(
+            retriever, llm=llm, node_postprocessors=postprocessors, **engine_kwargs_for(llm, engine_kwargs)
+        )
     except BaseException:
         retriever.close()
         raise

@@ -1514,7 +1514,8 @@ class TraceCollector(BaseEventHandler):
     """Groups :class:`StageTraceEvent` records into one :class:`QueryTrace` per query.
 
     A trace opens at ``QueryStartEvent`` (or at the outermost ``RetrievalStartEvent`` when a
-    retriever is called on its own) and closes at the matching end event; stage records outside
+    retriever is called on its own, or when a chat engine's turn starts: its span, as chat engines
+    emit no query events) and closes at the matching end; stage records outside
     any query become one-stage traces. Open traces live in a context variable, so concurrent
     queries (threads, asyncio tasks) do not mix. Use :meth:`install` / :meth:`uninstall`, or
     ``with collector:``.
@@ -1568,15 +1569,18 @@ class TraceCollector(BaseEventHandler):
     # -- installation
     def install(self) -> "TraceCollector":
         """Add this handler to the root dispatcher (once)."""
+        _install_chat_scope()
         root = get_dispatcher()
         if not any(h is self for h in root.event_handlers):
             root.add_event_handler(self)
         return self
 
     def uninstall(self) -> None:
-        """Remove this handler from the root dispatcher."""
+        """Remove this handler from the root dispatcher (and the chat-turn span handler with the last
+        collector: nothing of tracing stays on LlamaIndex's spans when it is off)."""
         root = get_dispatcher()
         root.event_handlers = [h for h in root.event_handlers if h is not self]
+        _remove_chat_scope_if_unused()
 
     def __enter__(self) -> "TraceCollector":
         return self.install()
@@ -1617,6 +1621,23 @@ class TraceCollector(BaseEventHandler):
                 logger.debug("trace of %r dropped: its query failed (%s)", (open_.query_str or "")[:80], error[:200])
                 return
             open_ = open_.previous
+
+    def _chat_begin(self, span_id: str, message: Optional[str]) -> None:
+        """A chat engine's turn started (its span): one trace for its retrieval and postprocessors,
+        which LlamaIndex's chat engines run without a query's start and end events."""
+        if self.__pydantic_private__["_current"].get() is None:
+            self._begin(message, span_id, owner=span_id)
+
+    def _chat_end(self, span_id: str, response: Any) -> None:
+        """The chat turn's span ended: close its trace (attached to an ``AgentChatResponse``). A
+        turn that traced nothing itself (a chat engine over a query engine: the query has its own
+        trace) is forgotten, not written as an empty trace."""
+        current = self.__pydantic_private__["_current"]
+        open_ = current.get()
+        if open_ is not None and open_.owner == span_id and not open_.entries:
+            current.set(open_.previous)
+            return
+        self._end(span_id, response, query_end=False)
 
     def _begin(self, query_str: Optional[str], span_id: Optional[str], owner: Optional[str]) -> None:
         current = self.__pydantic_private__["_current"]  # not self._current: pydantic's __getattr__ on every event
@@ -1670,6 +1691,76 @@ class TraceCollector(BaseEventHandler):
 
     def on_trace(self, trace: QueryTrace) -> None:
         """Called with each finished trace (override to export it)."""
+
+
+_CHAT_SCOPE_LOCK = threading.Lock()
+_CHAT_SCOPE: Any = None  # the ChatTraceScope span handler, made on first use
+
+
+def _root_collectors() -> List[TraceCollector]:
+    return [h for h in get_dispatcher().event_handlers if isinstance(h, TraceCollector)]
+
+
+def _chat_message(bound_args: Any) -> Optional[str]:
+    message = getattr(bound_args, "arguments", {}).get("message")
+    return None if message is None else str(message)
+
+
+def _chat_scope() -> Any:
+    """The span handler that makes each chat engine turn (``chat``, ``achat``, ``stream_chat``,
+    ``astream_chat``) one trace of the collectors on the root dispatcher: a chat engine calls its
+    retriever, postprocessors and synthesizer itself, with no query start or end event, so its
+    stages would otherwise be traced one trace each. Made once per process."""
+    global _CHAT_SCOPE
+    if _CHAT_SCOPE is None:
+        from llama_index.core.chat_engine.types import BaseChatEngine
+        from llama_index.core.instrumentation.span_handlers import BaseSpanHandler
+
+        class ChatTraceScope(BaseSpanHandler):
+            """Opens a trace when a chat engine's span starts, closes it when the span ends."""
+
+            @classmethod
+            def class_name(cls) -> str:
+                return "ChatTraceScope"
+
+            def new_span(self, id_: str, bound_args: Any, instance: Any = None, parent_span_id: Optional[str] = None, tags: Any = None, **kwargs: Any) -> None:
+                if isinstance(instance, BaseChatEngine):
+                    for collector in _root_collectors():
+                        collector._chat_begin(id_, _chat_message(bound_args))
+                return None
+
+            def prepare_to_exit_span(self, id_: str, bound_args: Any, instance: Any = None, result: Any = None, **kwargs: Any) -> None:
+                if isinstance(instance, BaseChatEngine):
+                    for collector in _root_collectors():
+                        collector._chat_end(id_, result)
+                return None
+
+            def prepare_to_drop_span(self, id_: str, bound_args: Any, instance: Any = None, err: Any = None, **kwargs: Any) -> None:
+                if isinstance(instance, BaseChatEngine):
+                    for collector in _root_collectors():
+                        collector._drop_failed(id_, str(err))
+                return None
+
+        _CHAT_SCOPE = ChatTraceScope()
+    return _CHAT_SCOPE
+
+
+def _install_chat_scope() -> None:
+    """Put :func:`_chat_scope` on the root dispatcher (once)."""
+    with _CHAT_SCOPE_LOCK:
+        scope = _chat_scope()
+        root = get_dispatcher()
+        if not any(h is scope for h in root.span_handlers):
+            root.add_span_handler(scope)
+
+
+def _remove_chat_scope_if_unused() -> None:
+    """Take :func:`_chat_scope` off the root dispatcher when no collector is left on it."""
+    with _CHAT_SCOPE_LOCK:
+        if _CHAT_SCOPE is None or _root_collectors():
+            return
+        root = get_dispatcher()
+        root.span_handlers = [h for h in root.span_handlers if h is not _CHAT_SCOPE]
 
 
 class _JsonlSink:

@@ -68,7 +68,7 @@ from llama_index.core.storage.docstore import SimpleDocumentStore
 from llama_index.core.vector_stores.types import MetadataFilters
 
 from .._enums import DenseSearch, EngineFusion, RetrieverMode
-from .._settings import settings_embed_model, settings_llm, settings_node_parser
+from .._settings import engine_kwargs_for, settings_embed_model, settings_llm, settings_node_parser
 from ..models import DEFAULT_EMBED_MODEL, default_embed_model, embed_model_name
 from ..node_parser import SectionWindowNodeParser
 from ..retrievers.bm25 import BM25Retriever, BM25TokenizerConfig
@@ -2704,4 +2704,4 @@ class HybridIndex:
                 "llama_index.core.Settings.llm; this package never falls back to a paid API"
             )
         retriever = self.as_retriever(mode=mode, similarity_top_k=similarity_top_k, **retriever_kwargs)
-        return RetrieverQueryEngine.from_args(retriever, llm=llm, **engine_kwargs)
+        return RetrieverQueryEngine.from_args(retriever, llm=llm, **engine_kwargs_for(llm, engine_kwargs))

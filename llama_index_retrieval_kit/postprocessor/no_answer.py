@@ -133,6 +133,44 @@ def detect_feature_set(nodes: Sequence[NodeWithScore]) -> FeatureSet:
     return FeatureSet.SCORE
 
 
+def feature_set_mismatch(fitted: FeatureSet, found: FeatureSet) -> Optional[str]:
+    """Why a gate fitted on ``fitted`` results cannot read results of kind ``found`` (None: it can).
+
+    Only results like the calibration ones give calibrated decisions: a gate fitted on a
+    single-leg retriever's scores would read a fused score (not comparable across queries) or a
+    reranker's probability as that score, and a gate fitted on retrieval results would read the
+    reranker's top_n in its order instead of the first results it was calibrated on; either
+    would pass or close silently at the wrong rate.
+    """
+    if fitted is found:
+        return None
+    if found is FeatureSet.SCORE:
+        return (
+            f"this gate was fitted on {fitted.value!r} results (leg scores"
+            f"{' and reranker probabilities' if fitted is FeatureSet.RERANK else ''}), but these results carry "
+            "none: put the gate after the same retriever (and reranker) it was calibrated with, before any "
+            "ContextAssembler (its nodes carry no leg scores)"
+        )
+    if fitted is FeatureSet.RERANK:
+        return "this gate was fitted after a reranker, but these results were not reranked: put it after the reranker"
+    if fitted is FeatureSet.SCORE:
+        kind = (
+            "reranked (their score is the reranker's probability)"
+            if found is FeatureSet.RERANK
+            else "fused (their score is a fusion score, not comparable across queries)"
+        )
+        return (
+            f"this gate was fitted on a single-leg retriever's scores ('score' results), but these results are {kind}: "
+            "put the gate right after the retriever it was calibrated with (e.g. as_retriever('dense')), or "
+            "calibrate it on these results"
+        )
+    return (
+        "this gate was fitted on retrieval results ('legs'), but these results were reranked: the reranker returns "
+        "its top_n in its own order, not the first results the gate was calibrated on; put the gate before the "
+        "reranker (node_postprocessors=[gate, reranker, ...]), or calibrate it on reranked results"
+    )
+
+
 def feature_names(feature_set: FeatureSet) -> List[str]:
     """The features of a feature set, in model order."""
     legs = [f"{leg}_{s}" for leg in LEGS for s in ("top1", "margin", "gap5")] + [
@@ -688,15 +726,9 @@ class NoAnswerPostprocessor(StrictOptions, BaseNodePostprocessor):
         if not nodes:
             return 0.0
         feature_set = FeatureSet.from_str(self.feature_set or "")
-        found = detect_feature_set(nodes)
-        if feature_set is not FeatureSet.SCORE and found is FeatureSet.SCORE:
-            raise ValueError(
-                f"this gate was fitted on {feature_set.value!r} results (leg scores"
-                f"{' and reranker probabilities' if feature_set is FeatureSet.RERANK else ''}), but these results carry "
-                "none: put the gate after the same retriever (and reranker) it was calibrated with"
-            )
-        if feature_set is FeatureSet.RERANK and found is not FeatureSet.RERANK:
-            raise ValueError("this gate was fitted after a reranker, but these results were not reranked: put it after the reranker")
+        problem = feature_set_mismatch(feature_set, detect_feature_set(nodes))
+        if problem is not None:
+            raise ValueError(problem)
         return float(self._confidences(feature_matrix([(query_str, nodes)], feature_set))[0])
 
     def _postprocess_nodes(
