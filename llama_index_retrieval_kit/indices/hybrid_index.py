@@ -80,6 +80,7 @@ from ..retrievers.fusion import DEFAULT_FEEDBACK_DEPTH, DEFAULT_RRF_K, IndexFusi
 from ..retrievers.hybrid import HybridRetriever
 from ..retrievers.node_copy import copy_node
 from ..node_parser.metadata import record_document_ids
+from ..node_parser.tokenizer_identity import tokenizer_labels_agree
 from ..retrievers.node_identity import ChunkIdConflictError, check_chunk_ids  # noqa: F401 (public here: indices.ChunkIdConflictError)
 from ..retrievers.qdrant_hybrid import QdrantDenseRetriever, QdrantHybridRetriever, token_id
 from . import storage as _storage
@@ -660,7 +661,8 @@ def node_parser_changes(built: Dict[str, Any], given: Dict[str, Any]) -> List[st
     Compared as JSON: ``class_name``, then every setting both record (one that only one side
     records, added in another version, keeps its default there; those of
     :data:`NODE_PARSER_ADDED_DEFAULTS` are compared with that default, so a ``tokenizer=`` callable
-    is a change), except :data:`NODE_PARSER_NON_SETTINGS`. Empty: the same chunking.
+    is a change), except :data:`NODE_PARSER_NON_SETTINGS`; tokenizer labels are compared with
+    :func:`~..node_parser.tokenizer_identity.tokenizer_labels_agree`. Empty: the same chunking.
     """
     built, given = (json.loads(json.dumps(d, default=repr)) for d in (built, given))
     for key, default in NODE_PARSER_ADDED_DEFAULTS.items():
@@ -670,7 +672,12 @@ def node_parser_changes(built: Dict[str, Any], given: Dict[str, Any]) -> List[st
     if built.get("class_name") != given.get("class_name"):
         return [f"class: built with {built.get('class_name')}, given {given.get('class_name')}"]
     shared = sorted((set(built) & set(given)) - set(NODE_PARSER_NON_SETTINGS) - {"class_name"})
-    return [f"{key}: built with {built[key]!r}, given {given[key]!r}" for key in shared if built[key] != given[key]]
+    return [
+        f"{key}: built with {built[key]!r}, given {given[key]!r}"
+        for key in shared
+        if built[key] != given[key]
+        and not (key == "tokenizer_callable" and tokenizer_labels_agree(built[key], given[key]))  # see there
+    ]
 
 
 #: Options each retriever mode takes besides ``similarity_top_k``, ``filters``,

@@ -168,6 +168,16 @@ class SectionAwareNodeParser(PicklesTokenizer, StrictOptions, NodeParser):
             "the same ids (upserts and caches rely on it). Give documents the ids you want (doc_id metadata) instead"
         )
 
+    def __getstate__(self) -> Dict[str, Any]:
+        """Pickle state without the cached span function (a closure, rebuilt on first use):
+        LlamaIndex would otherwise log a root-logger WARNING for it on every pickling, e.g. for
+        each worker of ``IngestionPipeline.run(num_workers=...)``. ``self`` keeps its cache."""
+        span_fn, self._span_fn = self._span_fn, None
+        try:
+            return super().__getstate__()
+        finally:
+            self._span_fn = span_fn
+
     # -- pieces used by subclasses -------------------------------------------------------
     def token_spans(self, texts: Sequence[str]) -> List[TokenSpans]:
         """Token character spans of each text, as this parser measures tokens."""

@@ -4,15 +4,21 @@
 Names: ``tiktoken:<encoding>`` for tiktoken's ``encode`` (bound, or wrapped in ``functools.partial``
 as LlamaIndex's ``get_tokenizer()`` does), else ``custom:<module>.<qualname>`` (a lambda also gets a
 fingerprint of its code; a partial, its arguments; a Hugging Face tokenizer object, its
-``name_or_path``). ``None`` means no callable: the Hugging Face ``tokenizer_name`` counts.
+``name_or_path``; any other object holding state - a callable instance, or the owner of a bound
+method such as ``AutoTokenizer.from_pretrained(...).encode`` - its ``name_or_path`` else a digest
+of its pickled state, so two tokenizers of one class with different settings get different names
+and an ``IngestionCache`` never returns one's chunks for the other). ``None`` means no callable:
+the Hugging Face ``tokenizer_name`` counts.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 import logging
 import pickle
+import re
 from typing import Any, Callable, Dict, Optional, Sequence
 
 logger = logging.getLogger(__name__)
@@ -39,12 +45,59 @@ def tokenizer_label(tokenizer: TokenizerFn) -> str:
     if code is not None and "<lambda>" in qualname:
         digest = hashlib.sha256(code.co_code + repr(code.co_consts).encode() + repr(code.co_names).encode())
         label += f"#{digest.hexdigest()[:10]}"
-    path = getattr(fn, "name_or_path", None)
-    if isinstance(path, str):
-        label += f"[{path}]"
+    label += state_fingerprint(fn)
     if bound_args:
         label += f"#{hashlib.sha256(bound_args.encode()).hexdigest()[:10]}"
     return label
+
+
+def state_holder(fn: Any) -> Any:
+    """The object whose state decides what ``fn`` measures: the instance of a bound method, the
+    callable object itself; None for plain functions, builtins, classes and module functions."""
+    owner = getattr(fn, "__self__", None)
+    if owner is not None:
+        return None if inspect.ismodule(owner) or inspect.isclass(owner) else owner
+    if inspect.isroutine(fn) or inspect.isclass(fn):
+        return None
+    return fn
+
+
+def state_fingerprint(fn: Any) -> str:
+    """``[name_or_path]`` of a Hugging Face tokenizer (or the owner of its bound method), else
+    ``@<digest of the pickled state>`` of the object holding ``fn``'s state; '' when there is none
+    (or it cannot be pickled: such a tokenizer cannot be used with workers either)."""
+    holder = state_holder(fn)
+    for obj in (fn, holder):
+        path = getattr(obj, "name_or_path", None)
+        if isinstance(path, str):
+            return f"[{path}]"
+    if holder is None:
+        return ""
+    try:
+        data = pickle.dumps(holder, protocol=4)
+    except Exception:  # unpicklable: named by its class only
+        logger.debug("tokenizer state of %r cannot be pickled; not fingerprinted", holder, exc_info=True)
+        return ""
+    return f"@{hashlib.sha256(data).hexdigest()[:10]}"
+
+
+_STATE_DIGEST = re.compile(r"@[0-9a-f]{10}$")
+_NAME_SUFFIX = re.compile(r"\[[^\[\]]*\]$")
+
+
+def tokenizer_labels_agree(recorded: Optional[str], given: Optional[str]) -> bool:
+    """Whether a recorded tokenizer label and a given one name the same tokenizer, as far as
+    labels can tell across processes and versions: equal once a state digest (``@<hex>``) is set
+    aside - a digest of pickled state can differ between processes (sets of strings pickle in hash
+    order), so it keys caches, which then only miss, but never refuses an index - and a label
+    recorded before owners of bound methods were named (``...encode``) agrees with the same label
+    naming it now (``...encode[bert-base-uncased]``)."""
+    if recorded == given:
+        return True
+    if recorded is None or given is None:
+        return False
+    recorded, given = _STATE_DIGEST.sub("", recorded), _STATE_DIGEST.sub("", given)
+    return recorded == given or (not _NAME_SUFFIX.search(recorded) and _NAME_SUFFIX.sub("", given) == recorded)
 
 
 def recorded_tokenizer(owner: str, tokenizer: Optional[TokenizerFn], recorded: Optional[str]) -> Optional[str]:
@@ -62,7 +115,7 @@ def recorded_tokenizer(owner: str, tokenizer: Optional[TokenizerFn], recorded: O
     if not callable(tokenizer):
         raise ValueError(f"tokenizer must be a callable str -> list of tokens, got {type(tokenizer).__name__}")
     label = tokenizer_label(tokenizer)
-    if recorded and recorded != label:
+    if recorded and not tokenizer_labels_agree(recorded, label):
         logger.warning("%s: tokenizer %s given where %s was recorded; %s measures tokens", owner, label, recorded, label)
     return label
 
