@@ -18,7 +18,7 @@ import re
 import shutil
 import sqlite3
 from pathlib import Path
-from typing import Dict, List
+from typing import Any, Callable, Dict, List
 
 import pytest
 import tqdm.auto  # noqa: F401 - imported before any `rkit -q` below sets TQDM_DISABLE (tqdm reads it once, at import)
@@ -109,19 +109,26 @@ def quiet_env(monkeypatch: pytest.MonkeyPatch) -> None:
 # ------------------------------------------------------------------------------------- library calls
 
 
-def test_purge_shows_its_steps_only_when_asked_and_purges_alike(copies: tuple[Path, Path], capfd: pytest.CaptureFixture[str]) -> None:
+def quiet_then_shown(copies: tuple[Path, Path], capfd: pytest.CaptureFixture[str], call: Callable[..., Any]) -> tuple[Any, Any, Any, Any, str]:
+    """``call(index)`` on the quiet copy (checked silent), then ``call(index, show_progress=True)``
+    on the other: ``(want, want_results, got, got_results, stderr)`` (stdout checked empty)."""
     embed_model = _support.embed_model()
     quiet, shown = copies
     capfd.readouterr()
     with HybridIndex.load(quiet, embed_model=embed_model) as index:
-        want = index.purge()
+        want = call(index)
         assert capfd.readouterr() == ("", "")
         want_results = results(index)
     with HybridIndex.load(shown, embed_model=embed_model) as index:
-        got = index.purge(show_progress=True)
+        got = call(index, show_progress=True)
         out, err = capfd.readouterr()
         got_results = results(index)
     assert out == ""
+    return want, want_results, got, got_results, err
+
+
+def test_purge_shows_its_steps_only_when_asked_and_purges_alike(copies: tuple[Path, Path], capfd: pytest.CaptureFixture[str]) -> None:
+    want, want_results, got, got_results, err = quiet_then_shown(copies, capfd, lambda index, **kw: index.purge(**kw))
     points = got["points"]
     assert points > 0 and counted(err, REWRITING)[-1] == f"{points}/{points}"  # the bar counts the points written
     assert any(line.startswith(CLEANING) and re.search(r"\[\d\d:\d\d\]$", line) for line in bar_lines(err))  # the opaque step, timed
@@ -131,22 +138,12 @@ def test_purge_shows_its_steps_only_when_asked_and_purges_alike(copies: tuple[Pa
 
 
 def test_optimize_shows_the_hnsw_build_as_one_timed_step(copies: tuple[Path, Path], capfd: pytest.CaptureFixture[str]) -> None:
-    embed_model = _support.embed_model()
-    quiet, shown = copies
-    capfd.readouterr()
-    with HybridIndex.load(quiet, embed_model=embed_model) as index:
-        want = index.optimize()
-        assert capfd.readouterr() == ("", "")
-        want_results = results(index)
-    with HybridIndex.load(shown, embed_model=embed_model) as index:
-        got = index.optimize(show_progress=True)
-        out, err = capfd.readouterr()
-        got_results = results(index)
-    assert out == "" and got == want
+    want, want_results, got, got_results, err = quiet_then_shown(copies, capfd, lambda index, **kw: index.optimize(**kw))
+    assert got == want
     assert bar_lines(err) and all(line.startswith(HNSW_STEP) for line in bar_lines(err))
     assert re.search(r"\[\d\d:\d\d\]$", bar_lines(err)[-1])
     _support.assert_same_results(got_results, want_results)
-    with HybridIndex.load(quiet, embed_model=embed_model) as index, pytest.raises(TypeError, match="show_progress must be True or False, got 'yes'"):
+    with HybridIndex.load(copies[0], embed_model=_support.embed_model()) as index, pytest.raises(TypeError, match="show_progress must be True or False, got 'yes'"):
         index.optimize(show_progress="yes")  # type: ignore[arg-type]
 
 

@@ -270,7 +270,7 @@ def _sample_from_mapping(row: Mapping[str, Any], position: int, query_id: str | 
 
 #: Id keys that name a chunk: an assembled context node (ContextAssembler) stands for the chunks it was
 #: built from (its metadata's ``source_node_ids``), not for its own generated id.
-_CHUNK_ID_KEYS = ("chunk_id", "node_id", "id")
+_CHUNK_ID_KEYS = tuple(key for key, fallback in _ID_FALLBACKS.items() if fallback == "node_id")
 
 
 def _node_ids(node: Any, key: str) -> list[str]:

@@ -79,6 +79,12 @@ def is_interrupted_write(exc: BaseException) -> bool:
     return isinstance(exc, sqlite3.Error) and getattr(exc, "sqlite_errorcode", None) == SQLITE_READONLY_ROLLBACK
 
 
+def is_busy(exc: BaseException) -> bool:
+    """Whether a SQLite error means another connection still held the database locked when the
+    connection's wait (``timeout``) ran out (``SQLITE_BUSY``, "database is locked")."""
+    return isinstance(exc, sqlite3.Error) and getattr(exc, "sqlite_errorcode", None) == SQLITE_BUSY
+
+
 #: The columns of an embedding cache's ``vectors`` table, in order.
 CACHE_COLUMNS = ["model", "key", "dim", "vector"]
 
@@ -126,7 +132,7 @@ class EmbeddingCache:
                 self._seed = _open_seed(Path(seed_from))
         except sqlite3.OperationalError as exc:
             self._conn.close()
-            if getattr(exc, "sqlite_errorcode", None) == SQLITE_BUSY:
+            if is_busy(exc):
                 raise IndexWriteLockedError(self.path, READ_BUSY_TIMEOUT) from exc
             raise
         except BaseException:
@@ -248,7 +254,7 @@ class EmbeddingCache:
         except sqlite3.Error as exc:
             if self.read_only and is_interrupted_write(exc):
                 raise InterruptedCacheWriteError(self.path) from exc
-            if self.read_only and getattr(exc, "sqlite_errorcode", None) == SQLITE_BUSY:
+            if self.read_only and is_busy(exc):
                 raise IndexWriteLockedError(self.path, READ_BUSY_TIMEOUT) from exc
             raise
 

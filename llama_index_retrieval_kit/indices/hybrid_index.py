@@ -921,8 +921,7 @@ class HybridIndex:
         A ``collection`` already on the server that is not the replaced index's own is refused
         (:class:`.store.ForeignCollectionError`): two indexes never share one.
         """
-        if not isinstance(build_hnsw, bool):
-            raise TypeError(f"build_hnsw must be True or False, got {build_hnsw!r}")
+        _check_flag("build_hnsw", build_hnsw)
         storage = Path(storage_dir)
         if storage.is_symlink() or storage.name in ("", ".."):  # build next to the real folder
             storage = storage.resolve()
@@ -1807,8 +1806,7 @@ class HybridIndex:
         if not isinstance(qdrant_url, str) or not qdrant_url.strip():
             raise ValueError(f"qdrant_url must be a non-empty str, got {qdrant_url!r}")
         for flag, value in (("overwrite", overwrite), ("switch", switch), ("show_progress", show_progress)):
-            if not isinstance(value, bool):
-                raise TypeError(f"{flag} must be True or False, got {value!r}")
+            _check_flag(flag, value)
         name = check_collection_name(collection if collection is not None else self.manifest.collection, served=True)
         if switch and name != self.manifest.collection:
             raise ValueError("switch=True keeps the index's collection name: leave collection= unset")
@@ -1865,11 +1863,7 @@ class HybridIndex:
         target.create(self.manifest.embed_dim)
         copied = 0
         batch: List[Any] = []
-        bar = None
-        if show_progress:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=len(self.bm25), desc="Pushing", unit="point")
+        bar = _progress_bar(show_progress, "Pushing", total=len(self.bm25), unit="point")
         try:
             for point in self.store.iter_points():
                 batch.append(point)
