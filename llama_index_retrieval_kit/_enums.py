@@ -60,3 +60,12 @@ class EngineFusion(ChoiceEnum):
 
     RRF = "rrf"
     DBSF = "dbsf"
+
+
+class ChatEngineMode(ChoiceEnum):
+    """The chat engines of ``HybridIndex.as_chat_engine``: LlamaIndex's ``ChatMode`` values whose
+    engine reads the index (``best`` is taken as ``condense_plus_context``, as LlamaIndex does)."""
+
+    CONDENSE_PLUS_CONTEXT = "condense_plus_context"
+    CONTEXT = "context"
+    CONDENSE_QUESTION = "condense_question"

@@ -8,7 +8,9 @@ part-way leaves the earlier file as it was and no temporary file behind (a crash
 named ``.<name>.*.tmp``). The new file keeps the mode of the one it replaces (0o644 for a new one).
 
 :func:`folder_lock` serialises the writers of one folder (and keeps readers out while one writes),
-between the threads of a process and between processes, without adding a file to the folder.
+between the threads of a process and between processes, without adding a file to the folder. It
+waits for the holders up to a timeout (60 s by default), then raises :class:`FolderLockTimeout`:
+a holder stopped half-way (SIGSTOP, a debugger) is reported instead of hanging every other one.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ import os
 import stat
 import tempfile
 import threading
+import time
 import weakref
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import IO, Any, Callable, Hashable, Iterator, List, Optional
 
@@ -33,6 +36,11 @@ except ImportError:  # pragma: no cover - Windows
 logger = logging.getLogger(__name__)
 
 NEW_FILE_MODE = 0o644
+#: How long :func:`folder_lock` waits for a folder's holders by default (seconds).
+FOLDER_LOCK_TIMEOUT_S = 60.0
+#: First and longest pause between two tries of another process's lock (seconds; doubling).
+FLOCK_FIRST_DELAY_S = 0.001
+FLOCK_MAX_DELAY_S = 0.05
 
 
 def fsync_dir(path: Path | str) -> None:
@@ -155,6 +163,26 @@ def write_bytes_atomic(path: Path | str, data: bytes) -> Path:
 
 # ---------------------------------------------------------------------------------- folder locks
 
+class FolderLockTimeout(RuntimeError):
+    """A folder stayed locked by another process or thread for longer than ``folder_lock``'s timeout.
+
+    Not an ``OSError`` (as the built-in ``TimeoutError`` is): code that reads a failed file read as a
+    damaged folder must not read a busy one so."""
+
+    def __init__(self, folder: Path | str, waited_s: float, shared: bool) -> None:
+        self.folder = Path(folder)
+        self.waited_s = waited_s
+        self.shared = shared
+        holders = "writing to it" if shared else "writing to it or reading it"
+        super().__init__(
+            f"{self.folder} is locked: another process or thread is {holders} (waited {waited_s:g} s for its lock). "
+            "Wait for it to finish and try again; if that process is stopped (SIGSTOP, a debugger), resume it or end it"
+        )
+
+    def __reduce__(self) -> Any:  # pickled with its own arguments (an exception's default is the message)
+        return (type(self), (self.folder, self.waited_s, self.shared))
+
+
 _folder_locks: "weakref.WeakValueDictionary[Hashable, ReadWriteLock]" = weakref.WeakValueDictionary()
 _folder_locks_guard = threading.Lock()
 _warned_unlockable = False
@@ -180,9 +208,31 @@ def _open_folder(path: Path) -> Optional[int]:
         return None
 
 
-def _flock(fd: Optional[int], shared: bool, path: Path) -> bool:
-    """``flock`` the folder descriptor ``fd`` (waiting for other holders); False when the file system
-    refuses (warned once: other processes are then not excluded)."""
+def _poll_flock(fd: int, mode: int, deadline: Optional[float]) -> bool:
+    """``flock(fd, mode)``: waiting for other holders until ``deadline`` (``time.monotonic``; None:
+    forever), trying again after pauses doubling from :data:`FLOCK_FIRST_DELAY_S` to
+    :data:`FLOCK_MAX_DELAY_S`. False when still held by another at the deadline."""
+    if deadline is None:
+        _fcntl.flock(fd, mode)
+        return True
+    delay = FLOCK_FIRST_DELAY_S
+    while True:
+        try:
+            _fcntl.flock(fd, mode | _fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:  # another holder
+            pass
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        time.sleep(min(delay, remaining))
+        delay = min(delay * 2, FLOCK_MAX_DELAY_S)
+
+
+def _flock(fd: Optional[int], shared: bool, path: Path, timeout_s: Optional[float], deadline: Optional[float]) -> bool:
+    """``flock`` the folder descriptor ``fd``, waiting for other holders until ``deadline`` (then
+    :class:`FolderLockTimeout` saying ``timeout_s``); False when the file system refuses (warned
+    once: other processes are then not excluded)."""
     global _warned_unlockable
     if _fcntl is None and not shared and not _warned_unlockable:  # pragma: no cover - Windows
         _warned_unlockable = True
@@ -190,19 +240,31 @@ def _flock(fd: Optional[int], shared: bool, path: Path) -> bool:
     if fd is None or _fcntl is None:
         return False
     try:
-        _fcntl.flock(fd, _fcntl.LOCK_SH if shared else _fcntl.LOCK_EX)
-        return True
+        locked = _poll_flock(fd, _fcntl.LOCK_SH if shared else _fcntl.LOCK_EX, deadline)
     except OSError as exc:  # e.g. EBADF/ENOLCK on NFS, which emulates flock with byte-range locks
         if not _warned_unlockable:
             _warned_unlockable = True
             logger.warning("cannot lock folder %s (%s): writers in other processes are not excluded", path, exc)
         return False
+    if not locked:
+        raise FolderLockTimeout(path, float(timeout_s or 0.0), shared)
+    return True
+
+
+def _check_timeout(timeout_s: Optional[float]) -> None:
+    """A ValueError naming ``timeout_s`` unless it is None or a number of seconds >= 0."""
+    if timeout_s is None:
+        return
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s >= 0:
+        raise ValueError(f"timeout_s must be None (wait forever) or a number of seconds >= 0, got {timeout_s!r}")
 
 
 @contextmanager
-def folder_lock(folder: Path | str, shared: bool = False) -> Iterator[bool]:
+def folder_lock(folder: Path | str, shared: bool = False, timeout_s: Optional[float] = FOLDER_LOCK_TIMEOUT_S) -> Iterator[bool]:
     """Hold the lock of ``folder`` for the ``with`` block: exclusive (``shared=False``, a writer:
-    alone) or shared (readers: together, while no writer holds it). Waits for the holders.
+    alone) or shared (readers: together, while no writer holds it). Waits for the holders up to
+    ``timeout_s`` seconds in all (None: forever; 0: no wait), then raises
+    :class:`FolderLockTimeout` (a holder may be stopped: SIGSTOP, a debugger).
 
     Between the threads of this process a readers-writer lock per folder; between processes
     ``flock`` on the folder itself (no lock file: the folder's content stays what its writer put
@@ -211,13 +273,19 @@ def folder_lock(folder: Path | str, shared: bool = False) -> Iterator[bool]:
     (missing: nothing to lock) or locked (Windows, which cannot lock a folder; a file system
     without ``flock``); the threads of this process still are. Release happens when the block
     ends (and, for other processes, when this one exits)."""
+    _check_timeout(timeout_s)
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
     path = Path(folder)
     fd = _open_folder(path)
     try:
         lock = _thread_lock(_folder_key(path, fd))
-        with lock.read() if shared else lock.write():
+        with ExitStack() as this_process:
             try:
-                yield _flock(fd, shared, path)
+                this_process.enter_context(lock.read(timeout_s) if shared else lock.write(timeout_s))
+            except TimeoutError:
+                raise FolderLockTimeout(path, float(timeout_s or 0.0), shared) from None
+            try:
+                yield _flock(fd, shared, path, timeout_s, deadline)
             finally:  # the other processes' turn (closing the descriptor releases its flock) before this one's threads'
                 if fd is not None:
                     os.close(fd)

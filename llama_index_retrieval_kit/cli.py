@@ -48,7 +48,8 @@ EXIT_CODES = {
     EXIT_USAGE: "bad arguments or input (the message says what to change), a Qdrant server that does not answer "
     "or refuses the API key, or a missing optional extra (the message names it: pip install 'llama-index-retrieval-kit[EXTRA]')",
     EXIT_BUSY: "the index is open or being written by another process (or read-only after a failed write, "
-    "being published by a build, or its cache write was interrupted: the message says what to do): "
+    "being published by a build, a BM25 folder locked by another process for over 60 s, or its cache write "
+    "was interrupted: the message says what to do): "
     "close it, or serve the index from a Qdrant server (rkit query and calibrate read it read-only beside "
     "it, but for --mode qdrant_hybrid)",
     EXIT_DAMAGED: "the index folder is damaged (the message names the file and how to rebuild)",
@@ -232,13 +233,13 @@ def cmd_index(args: argparse.Namespace) -> int:
         _out("nothing to index")
         if not (updating and folders):
             return EXIT_PARTIAL
-        with _open_index_to_update(config, storage) as index:  # a folder emptied: its documents may be gone
+        with _open_index_to_update(config, storage, show_progress=not args.quiet) as index:  # a folder emptied: its documents may be gone
             vanished = _VanishedDocuments.find(index, folders, keep=(), prune=args.prune)
         vanished.report(_delete_command(args, storage, vanished.doc_ids), folders)
         return EXIT_PARTIAL if failures or not vanished.chunks_deleted else EXIT_OK
     vanished = None
     if updating:
-        with _open_index_to_update(config, storage) as index:
+        with _open_index_to_update(config, storage, show_progress=not args.quiet) as index:
             rekeyed = _same_files_other_ids(index, documents)
             if rekeyed and not args.migrate_ids:
                 raise CLIError(
@@ -287,7 +288,7 @@ def cmd_index(args: argparse.Namespace) -> int:
     if vanished is not None:
         vanished.report(_delete_command(args, storage, vanished.doc_ids), folders)
     if args.push:
-        with HybridIndex.load(storage) as index:
+        with HybridIndex.load(storage, show_progress=not args.quiet) as index:
             # its own earlier copy is replaced; another index's or application's collection only with --push-overwrite
             copied = index.push_to(args.push, api_key=os.environ.get("QDRANT_API_KEY"), overwrite=args.push_overwrite, switch=args.switch,
                                    show_progress=not args.quiet)
@@ -311,16 +312,17 @@ def check_server_url(url: str, option: str) -> str:
     return url
 
 
-def _open_index_to_update(config, storage: Path):
+def _open_index_to_update(config, storage: Path, show_progress: bool = False):
     """The existing index ``rkit index`` updates: ``pipeline.open_index(config)`` with a config
-    (refusing an index built with other settings than the config's), else ``HybridIndex.load``."""
+    (refusing an index built with other settings than the config's), else ``HybridIndex.load``
+    (``show_progress``: the bars of a roll-back or migration on open)."""
     if config is not None:
         from .pipeline import open_index
 
-        return open_index(config)
+        return open_index(config, show_progress=show_progress)
     from .indices import HybridIndex
 
-    return HybridIndex.load(storage)
+    return HybridIndex.load(storage, show_progress=show_progress)
 
 
 def _given_folders(paths: Sequence[str | Path]) -> list[Path]:
@@ -806,20 +808,24 @@ def _query_embed_model_of(storage: Path) -> Any:
     return query_embed_model() if as_it_comes else None
 
 
-def _open_for_query(storage: Path, mode: str) -> Any:
+def _open_for_query(storage: Path, mode: str, show_progress: bool = False) -> Any:
     """The index folder ``storage`` for a command that only reads it (:func:`_open_or_read_only`),
-    with the query embedder of :func:`_query_embed_model_of`."""
+    with the query embedder of :func:`_query_embed_model_of` (``show_progress``: the bars of a
+    roll-back or migration on a writable open)."""
     from .indices import HybridIndex
 
     embed_model = _query_embed_model_of(storage)
     return _open_or_read_only(
-        lambda read_only: HybridIndex.load(storage, read_only=read_only, embed_model=embed_model), storage, mode == "qdrant_hybrid"
+        lambda read_only: HybridIndex.load(storage, read_only=read_only, embed_model=embed_model, show_progress=show_progress),
+        storage,
+        mode == "qdrant_hybrid",
     )
 
 
-def _open_config_index_for_reading(config: PipelineConfig) -> Any:
+def _open_config_index_for_reading(config: PipelineConfig, show_progress: bool = False) -> Any:
     """``pipeline.open_index(config)`` for a command that only reads it (:func:`_open_or_read_only`),
-    with the config's model as a query embedder (:func:`models.query_embed_model`)."""
+    with the config's model as a query embedder (:func:`models.query_embed_model`;
+    ``show_progress``: the bars of a roll-back or migration on a writable open)."""
     from .models import query_embed_model
     from .pipeline import open_index
 
@@ -827,7 +833,9 @@ def _open_config_index_for_reading(config: PipelineConfig) -> Any:
     embed_model = query_embed_model(e.model, query_backend=e.query_backend, embed_batch_size=e.embed_batch_size)
     engine_side = config.retriever.mode == "qdrant_hybrid" or config.retriever.dense_search == "qdrant"
     return _open_or_read_only(
-        lambda read_only: open_index(config, embed_model=embed_model, read_only=read_only), config.storage_dir, engine_side
+        lambda read_only: open_index(config, embed_model=embed_model, read_only=read_only, show_progress=show_progress),
+        config.storage_dir,
+        engine_side,
     )
 
 
@@ -871,12 +879,12 @@ def cmd_query(args: argparse.Namespace) -> int:
     traces: list = []
     with ExitStack() as stack:
         if config is None:
-            index = stack.enter_context(_open_for_query(args.storage, mode))
+            index = stack.enter_context(_open_for_query(args.storage, mode, show_progress=not args.quiet))
             retriever = index.as_retriever(mode=mode, similarity_top_k=top_k)
         else:
             from .pipeline import build_retriever
 
-            index = stack.enter_context(_open_config_index_for_reading(config))
+            index = stack.enter_context(_open_config_index_for_reading(config, show_progress=not args.quiet))
             retriever = stack.enter_context(build_retriever(config, index=index))
         if trace:
             from .tracing import TraceCollector
@@ -979,14 +987,14 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     reranker = None
     with ExitStack() as stack:
         if config is None:
-            index = stack.enter_context(_open_for_query(storage, mode))
+            index = stack.enter_context(_open_for_query(storage, mode, show_progress=not args.quiet))
 
             def make_retriever(filters=None):
                 return index.as_retriever(mode, similarity_top_k=top_k, filters=filters)
         else:
             from .pipeline import PostprocessedRetriever
 
-            index = stack.enter_context(_open_config_index_for_reading(config))
+            index = stack.enter_context(_open_config_index_for_reading(config, show_progress=not args.quiet))
             options = config.retriever.as_retriever_kwargs()
             base_filters = options.pop("filters", None)
             if config.stage_enabled("reranker"):
@@ -1501,6 +1509,7 @@ def _exit_code(exc: BaseException) -> int:
         return EXIT_USAGE
     if _server_error(exc) is not None:  # a wrong URL or key, a server that is down: the message says what to check
         return EXIT_USAGE
+    from ._files import FolderLockTimeout
     from .indices import (
         DamagedIndexError,
         IndexBeingPublishedError,
@@ -1510,7 +1519,7 @@ def _exit_code(exc: BaseException) -> int:
         InterruptedCacheWriteError,
     )
 
-    busy = (IndexBusyError, IndexWriteLockedError, IndexReadOnlyError, IndexBeingPublishedError, InterruptedCacheWriteError)
+    busy = (IndexBusyError, IndexWriteLockedError, IndexReadOnlyError, IndexBeingPublishedError, InterruptedCacheWriteError, FolderLockTimeout)
     if isinstance(exc, busy):
         return EXIT_BUSY
     if isinstance(exc, DamagedIndexError):

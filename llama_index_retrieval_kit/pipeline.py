@@ -684,13 +684,16 @@ def index_mismatches(config: PipelineConfig, index: Any) -> List[str]:
     return problems
 
 
-def open_index(config: PipelineConfig, embed_model: Any = None, check: bool = True, read_only: bool = False) -> Any:
+def open_index(
+    config: PipelineConfig, embed_model: Any = None, check: bool = True, read_only: bool = False, show_progress: bool = False
+) -> Any:
     """Open the HybridIndex of ``config`` (with its embedding model and node parser).
 
     With ``check`` (default), an index built with other chunking, BM25 parameters or
     ``qdrant_url`` than the config says is a ``ValueError`` listing them (HybridIndex.load
     itself refuses another embedding model). ``read_only``: ``HybridIndex.load(read_only=True)``
     (beside a process that holds the folder; no writes, no engine-side search).
+    ``show_progress``: ``HybridIndex.load``'s bars (a roll-back or a migration on open).
     """
     from .indices import HybridIndex
 
@@ -705,6 +708,7 @@ def open_index(config: PipelineConfig, embed_model: Any = None, check: bool = Tr
         node_parser=make_node_parser(config),
         qdrant_api_key=_api_key(config),
         read_only=read_only,
+        show_progress=show_progress,
     )
     if check:
         problems = index_mismatches(config, index)

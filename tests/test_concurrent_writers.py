@@ -5,7 +5,9 @@ at a time, and a ``load`` meanwhile reads one whole index (never fails, never a 
 holds only the payload (the lock is the folder itself). ``HybridIndex.load`` meeting a rebuild
 that another process publishes into the folder opens the new index or says to retry
 (``IndexBeingPublishedError``), never a raw FileNotFoundError, a false "damaged" or a mix of two
-builds. A read-only reader of the embedding cache waits for another process's transaction.
+builds. A read-only reader of the embedding cache waits for another process's transaction. A
+folder's lock held too long (its holder stopped: SIGSTOP, a debugger) is a ``FolderLockTimeout``
+naming the folder, not a hang.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import pytest
 from llama_index.core import Document
 from llama_index.core.schema import TextNode
 
+from llama_index_retrieval_kit._files import FolderLockTimeout, folder_lock
 from llama_index_retrieval_kit.indices import HybridIndex, IndexBeingPublishedError, IndexWriteLockedError
 from llama_index_retrieval_kit.indices import embedding_cache as embedding_cache_module
 from llama_index_retrieval_kit.indices import hybrid_index as hybrid_index_module
@@ -304,3 +307,143 @@ def test_a_writable_cache_open_waits_like_a_reader_then_says_busy_in_one_line(tm
         assert sorted(cache.get_many("m", list(vectors))) == sorted(vectors)
     finally:
         cache.close()
+
+
+# ----- a folder's lock held too long: a one-line timeout, not a hang -----------------------------------
+
+HOLD_FOLDER = r"""
+import sys
+sys.path.insert(0, {repo!r})
+from llama_index_retrieval_kit._files import folder_lock
+with folder_lock({folder!r}, shared={shared!r}):
+    print("held", flush=True)
+    sys.stdin.readline()  # held until the parent writes a line (as by a process stopped half-way)
+"""
+WAIT = 0.2  # seconds given to the lock in these tests
+
+
+def hold_folder(folder: Path, shared: bool) -> subprocess.Popen:
+    """A child process holding ``folder``'s lock until a line is written to its stdin."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", HOLD_FOLDER.format(repo=str(REPO), folder=str(folder), shared=shared)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    assert child.stdout.readline().strip() == "held"
+    return child
+
+
+def release(child: subprocess.Popen) -> None:
+    child.stdin.write("\n")
+    child.stdin.close()
+    assert child.wait(30) == 0
+
+
+def assert_lock_timeout(folder: Path, shared: bool, holders: str) -> None:
+    with pytest.raises(FolderLockTimeout) as raised:
+        with folder_lock(folder, shared=shared, timeout_s=WAIT):
+            pytest.fail("the lock was taken while another holder had it")
+    message = str(raised.value)
+    assert not isinstance(raised.value, OSError) and "\n" not in message
+    assert message.startswith(f"{folder} is locked: another process or thread is {holders} (waited {WAIT:g} s")
+    assert "resume it or end it" in message and raised.value.folder == folder
+
+
+def test_a_folder_held_by_another_process_times_out_then_locks_once_released(tmp_path: Path) -> None:
+    """Before, ``folder_lock`` (every BM25Retriever.persist and load) waited forever for a holder
+    stopped half-way."""
+    folder = tmp_path / "bm25"
+    folder.mkdir()
+    writer = hold_folder(folder, shared=False)
+    try:
+        assert_lock_timeout(folder, shared=False, holders="writing to it or reading it")
+        assert_lock_timeout(folder, shared=True, holders="writing to it")
+    finally:
+        release(writer)
+    for shared in (False, True):
+        with folder_lock(folder, shared=shared, timeout_s=WAIT) as excluded:
+            assert excluded
+    reader = hold_folder(folder, shared=True)
+    try:
+        assert_lock_timeout(folder, shared=False, holders="writing to it or reading it")
+        with folder_lock(folder, shared=True, timeout_s=WAIT):  # readers share it
+            pass
+    finally:
+        release(reader)
+
+
+def hold_in_thread(folder: Path, shared: bool) -> tuple[threading.Thread, threading.Event]:
+    """A thread holding ``folder``'s lock until the returned event is set."""
+    held, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with folder_lock(folder, shared=shared):
+            held.set()
+            done.wait(120)  # set by the test; the bound only keeps a failing test from hanging
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    assert held.wait(30)
+    return thread, done
+
+
+def test_a_folder_held_by_another_thread_times_out_then_locks_once_released(tmp_path: Path) -> None:
+    folder = tmp_path / "bm25"
+    folder.mkdir()
+    thread, done = hold_in_thread(folder, shared=False)
+    try:
+        assert_lock_timeout(folder, shared=True, holders="writing to it")
+        assert_lock_timeout(folder, shared=False, holders="writing to it or reading it")
+    finally:
+        done.set()
+        thread.join(30)
+    for shared in (True, False):
+        with folder_lock(folder, shared=shared, timeout_s=WAIT):
+            pass
+
+
+def test_a_writer_giving_up_lets_the_readers_it_held_back_in(tmp_path: Path) -> None:
+    """Writers are preferred: a reader waits behind a waiting writer. When that writer times out,
+    the reader goes on beside the readers already in (it is not left waiting for them to leave)."""
+    folder = tmp_path / "bm25"
+    folder.mkdir()
+    reader, done = hold_in_thread(folder, shared=True)
+    outcomes: Dict[str, object] = {}
+
+    def write() -> None:
+        try:
+            with folder_lock(folder, timeout_s=1.0):
+                outcomes["writer"] = "locked"
+        except FolderLockTimeout as exc:
+            outcomes["writer"] = exc
+
+    def read_late() -> None:
+        with folder_lock(folder, shared=True, timeout_s=None):  # behind the writer, then in
+            outcomes["late reader"] = "locked"
+
+    writer, late = threading.Thread(target=write), threading.Thread(target=read_late)
+    try:
+        writer.start()
+        while writer.is_alive():  # until the writer waits: then a reader that does not wait is refused
+            try:
+                with folder_lock(folder, shared=True, timeout_s=0):
+                    pass
+            except FolderLockTimeout:
+                break
+        else:
+            pytest.fail(f"the writer never waited: {outcomes}")
+        late.start()
+        late.join(30)
+        got = dict(outcomes)  # while the first reader still holds the lock
+    finally:
+        done.set()
+        for thread in (reader, writer, late):
+            if thread.ident is not None:
+                thread.join(30)
+    assert got.get("late reader") == "locked" and isinstance(got.get("writer"), FolderLockTimeout)
+
+
+def test_a_bad_timeout_is_refused_naming_it(tmp_path: Path) -> None:
+    for bad in (-1, "60", float("nan")):
+        with pytest.raises(ValueError, match=r"timeout_s must be None \(wait forever\) or a number of seconds >= 0, got "):
+            with folder_lock(tmp_path, timeout_s=bad):  # type: ignore[arg-type]
+                pass

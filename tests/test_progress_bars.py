@@ -1,6 +1,7 @@
 """Progress on the long index operations: ``HybridIndex.purge`` / ``rkit purge``, the migration of a
-folder of the first format (``HybridIndex.load`` / ``rkit migrate``) and the HNSW build
-(``HybridIndex.optimize``, ``from_documents(build_hnsw=True)``, ``rkit index --hnsw``).
+folder of the first format (``HybridIndex.load`` / ``rkit migrate``), the roll-back of an unfinished
+write on open (``HybridIndex.load``, the ``rkit`` commands that open an index writable) and the HNSW
+build (``HybridIndex.optimize``, ``from_documents(build_hnsw=True)``, ``rkit index --hnsw``).
 
 Each takes ``show_progress`` as the package's other long calls do (off by default; the command line
 turns it on unless ``-q``): tqdm bars on stderr over the real units (points written, chunks embedded
@@ -12,6 +13,7 @@ same results either way. Real Qdrant Edge and the packaged MiniLM on the bundled
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -26,7 +28,8 @@ from llama_index.core import Document
 
 from llama_index_retrieval_kit.cli import EXIT_OK, main
 from llama_index_retrieval_kit.indices import HybridIndex
-from llama_index_retrieval_kit.indices.hybrid_index import HNSW_STEP
+from llama_index_retrieval_kit.indices import storage as storage_module  # index.json writes: a full disk
+from llama_index_retrieval_kit.indices.hybrid_index import HNSW_STEP, ROLL_BACK_STEP
 
 from .indices import _support
 
@@ -84,6 +87,24 @@ def as_format_1(folder: Path, drop_cached: int = 0) -> None:
     if drop_cached:
         with contextlib.closing(sqlite3.connect(folder / "embeddings.sqlite")) as conn, conn:
             conn.execute("DELETE FROM vectors WHERE rowid IN (SELECT rowid FROM vectors ORDER BY key LIMIT ?)", (drop_cached,))
+
+
+def interrupted_delete(folder: Path) -> List[str]:
+    """Leave an unfinished delete in ``folder``'s index.json, as a process killed half-way does: the
+    disk refuses every index.json write that would end it (its commit, then its own roll-back's).
+    Returns the chunk ids its journal records (the ones an open rolls back)."""
+    real = storage_module.write_json_atomic
+
+    def disk_full_when_the_journal_ends(path: Path, data: Dict) -> None:
+        if data.get("pending") is None:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        real(path, data)
+
+    with HybridIndex.load(folder, embed_model=_support.embed_model()) as index, pytest.MonkeyPatch.context() as patch:
+        patch.setattr(storage_module, "write_json_atomic", disk_full_when_the_journal_ends)
+        with pytest.raises(OSError, match="No space left"):
+            index.delete(index.doc_ids()[0])
+    return json.loads((folder / "index.json").read_text(encoding="utf-8"))["pending"]["touched_ids"]
 
 
 def rkit(capfd: pytest.CaptureFixture[str], *argv: str) -> tuple[str, str]:
@@ -179,7 +200,48 @@ def test_migration_shows_the_chunks_embedded_again_and_the_points_written(copies
         assert capfd.readouterr() == ("", "")
 
 
+def test_an_open_shows_the_roll_back_of_an_unfinished_write_only_when_asked(
+    edited: Path, copies: tuple[Path, Path], tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A killed upsert or delete (or purge: then every chunk) is rolled back by the next open, which
+    rewrites the points it touched: minutes at 100k chunks, shown like the migration's."""
+    embed_model = _support.embed_model()
+    with HybridIndex.load(shutil.copytree(edited, tmp_path / "committed"), embed_model=embed_model) as committed:
+        committed_results, committed_docs = results(committed), committed.doc_ids()
+    quiet, shown = copies
+    touched = [interrupted_delete(folder) for folder in copies]
+    assert touched[0] == touched[1] and len(touched[0]) > 0
+    capfd.readouterr()
+    with HybridIndex.load(quiet, embed_model=embed_model) as index:
+        out, err = capfd.readouterr()
+        assert out == "" and bar_lines(err) == []
+        assert index.config["pending"] is None
+        want_results, want_docs = results(index), index.doc_ids()
+    with HybridIndex.load(shown, embed_model=embed_model, show_progress=True) as index:
+        out, err = capfd.readouterr()
+        assert index.config["pending"] is None
+        got_results, got_docs = results(index), index.doc_ids()
+    chunks = len(touched[1])
+    assert out == "" and counted(err, ROLL_BACK_STEP)[-1] == f"{chunks}/{chunks}"  # every touched chunk rewritten
+    assert counted(err, "Embedding") == []  # their vectors came from the embedding cache
+    assert got_docs == want_docs == committed_docs
+    _support.assert_same_results(got_results, want_results)
+    _support.assert_same_results(got_results, committed_results)
+    with HybridIndex.load(shown, embed_model=embed_model, show_progress=True):  # rolled back: nothing left to show
+        assert capfd.readouterr() == ("", "")
+
+
 # ------------------------------------------------------------------------------------- command line
+
+
+def test_rkit_query_shows_the_roll_back_on_open_unless_quiet(copies: tuple[Path, Path], capfd: pytest.CaptureFixture[str], quiet_env: None) -> None:
+    quiet, shown = copies
+    chunks = [len(interrupted_delete(folder)) for folder in copies]
+    out_shown, err = rkit(capfd, "query", "annual fee", "--storage", str(shown), "--json")
+    assert counted(err, ROLL_BACK_STEP)[-1] == f"{chunks[1]}/{chunks[1]}"
+    out_quiet, err_quiet = rkit(capfd, "-q", "query", "annual fee", "--storage", str(quiet), "--json")
+    assert package_bars(err_quiet) == []
+    assert json.loads(out_shown) == json.loads(out_quiet)
 
 
 def test_rkit_purge_shows_bars_unless_quiet(copies: tuple[Path, Path], capfd: pytest.CaptureFixture[str], quiet_env: None) -> None:

@@ -105,6 +105,8 @@ DENSE_SEARCH: tuple[str, ...] = tuple(m.value for m in DenseSearch)
 PLAIN_SCAN_HINT_VECTORS = 50_000
 #: The progress line of Qdrant Edge's HNSW build (:meth:`HybridIndex.optimize`): one opaque call.
 HNSW_STEP = "Building HNSW (one Qdrant Edge call, no progress inside it)"
+#: The bar over the points an open rewrites to roll back an unfinished write (:meth:`HybridIndex.load`).
+ROLL_BACK_STEP = "Rolling back an unfinished write"
 
 
 def _describe_model(class_name: Optional[str], name: str) -> str:
@@ -722,7 +724,7 @@ def check_retriever_options(mode: str, options: Dict[str, Any]) -> Dict[str, Any
     return given
 
 
-def _query_engine_options() -> tuple[str, ...]:
+def query_engine_options() -> tuple[str, ...]:
     """The keywords ``RetrieverQueryEngine.from_args`` really uses (its ``**kwargs`` are dropped)."""
     import inspect
 
@@ -741,7 +743,7 @@ def split_query_engine_kwargs(mode: str, kwargs: Dict[str, Any]) -> tuple[Dict[s
     ``callback_manager`` and ``verbose`` go to both (as in LlamaIndex); a keyword that neither
     the retriever of ``mode`` nor ``RetrieverQueryEngine.from_args`` uses raises a TypeError.
     """
-    engine_names = _query_engine_options()
+    engine_names = query_engine_options()
     retriever_names = set(COMMON_RETRIEVER_OPTIONS) | set().union(*RETRIEVER_OPTIONS.values())
     retriever_kwargs: Dict[str, Any] = {}
     engine_kwargs: Dict[str, Any] = {}
@@ -1087,7 +1089,9 @@ class HybridIndex:
         docstore and embedding cache, without reading ``qdrant/`` (deleted afterwards); chunks
         missing from the cache are embedded again. ``rkit migrate DIR`` does the same from the
         command line. ``show_progress=True`` shows that migration's progress on stderr (the chunks
-        embedded again, then the points written); an open that migrates nothing shows nothing.
+        embedded again, then the points written), and that of the roll-back of an unfinished write
+        (below: the points rewritten, every chunk's after a killed :meth:`purge`); an open that
+        migrates and rolls back nothing shows nothing.
 
         ``qdrant_url`` serves an embedded folder from a Qdrant server its points were copied to
         with :meth:`push_to` (same results); such an object does not write (the folder's own
@@ -1264,7 +1268,7 @@ class HybridIndex:
         try:
             if legacy:
                 index._migrate_from_local_mode(show_progress)
-            index._finish_open(verified)
+            index._finish_open(verified, show_progress)
         except BaseException:
             index.close()
             raise
@@ -1566,6 +1570,11 @@ class HybridIndex:
         push again before serving it; until then ``load(dir, qdrant_url=)`` refuses it
         (:class:`StaleServerCopyError`) and serving workers keep the pushed generation.
         """
+        if not isinstance(doc_id, str):
+            raise TypeError(
+                f"delete takes one document id (a str), got {type(doc_id).__name__} {doc_id!r}: "
+                "for several, call delete for each (index.doc_ids() lists them)"
+            )
         node_ids = sorted(self._node_ids_of(doc_id))
         if not node_ids:
             raise ValueError(f"no document {doc_id!r} in {self.storage_dir} (known ids: {self.doc_ids()[:10]}...)")
@@ -2113,7 +2122,7 @@ class HybridIndex:
             self._enter_read_only(f"the roll-back of a failed write could not be done ({type(exc).__name__}: {exc})")
         self._write_start_snapshot = None
 
-    def _sync_with_disk(self, reload: bool = False, state_is_committed: bool = False) -> None:
+    def _sync_with_disk(self, reload: bool = False, state_is_committed: bool = False, show_progress: bool = False) -> None:
         """Catch up with the committed state on disk (under the write guard).
 
         Reads the committed generation when another process committed one since (or when
@@ -2122,7 +2131,7 @@ class HybridIndex:
         when ``state_is_committed`` (just opened); otherwise the next write extends it. Runs before
         every write, after a failed one, and on open. A folder rebuilt since this object opened it
         (another ``build_id`` on disk) turns this object read-only and raises (:meth:`_rebuilt_elsewhere`):
-        nothing is written over the new index.
+        nothing is written over the new index. ``show_progress``: the roll-back's bars (on open only).
         """
         disk = self._journal.read_disk()
         if disk.build_id != self.manifest.build_id:
@@ -2138,7 +2147,7 @@ class HybridIndex:
             self._adopt_disk_manifest(disk)
         pending = self.manifest.pending
         if fresh and pending is not None:
-            self._roll_back(pending)
+            self._roll_back(pending, show_progress)
 
     def _adopt_disk_manifest(self, disk: IndexManifest) -> None:
         """Take ``disk`` (``index.json`` now, same generation as this object's) as the manifest: the
@@ -2196,10 +2205,10 @@ class HybridIndex:
         if self._read_only is not None:
             raise _storage.IndexReadOnlyError(self.storage_dir, self._read_only, READ_ONLY_ADVICE if self._opened_read_only else self._read_only_advice)
 
-    def _finish_open(self, verified: bool) -> None:
+    def _finish_open(self, verified: bool, show_progress: bool = False) -> None:
         """On :meth:`load`, under the write lock (so that no write of another process sharing a
-        Qdrant server is half done): roll back an unfinished write, read-only when that cannot be
-        written, then compare the Qdrant point count with the BM25 index."""
+        Qdrant server is half done): roll back an unfinished write (``show_progress``: its bars),
+        read-only when that cannot be written, then compare the Qdrant point count with the BM25 index."""
         with contextlib.ExitStack() as locked:
             try:
                 locked.enter_context(self._write_guard.hold(timeout=0))
@@ -2212,7 +2221,7 @@ class HybridIndex:
                     self._enter_read_only(f"an unfinished write cannot be rolled back ({type(exc).__name__}: {exc})")
             if self.manifest.pending is not None and self._read_only is None:
                 try:
-                    self._sync_with_disk(state_is_committed=True)
+                    self._sync_with_disk(state_is_committed=True, show_progress=show_progress)
                 except (OSError, sqlite3.Error) as exc:
                     self._enter_read_only(
                         f"an unfinished write could not be rolled back ({type(exc).__name__}: {exc}); the committed "
@@ -2311,17 +2320,18 @@ class HybridIndex:
         self._dense = None
         self._write_start_snapshot = None
 
-    def _roll_back(self, pending: PendingWrite) -> None:
+    def _roll_back(self, pending: PendingWrite, show_progress: bool = False) -> None:
         """Make the point store agree with the committed docstore for the ids an unfinished write
         touched (kept chunks rewritten from the embedding cache, the others deleted), then clear
-        the journal (:meth:`.journal.WriteJournal.finish_roll_back`)."""
+        the journal (:meth:`.journal.WriteJournal.finish_roll_back`). ``show_progress``: a bar
+        (:data:`ROLL_BACK_STEP`) over the points rewritten."""
         logger.warning(
             "%s: the last update did not finish; restoring %d chunk(s) of the committed index", self.storage_dir, len(pending.touched_ids)
         )
         keep, drop = split_touched(pending.touched_ids, self.docstore.docs)
         if drop:
             self.store.delete_points([_store.point_id(i) for i in drop])
-        self._write_leaves_from_cache([n for n in keep if not n.child_nodes])
+        self._write_leaves_from_cache([n for n in keep if not n.child_nodes], show_progress, ROLL_BACK_STEP)
         self.store.refresh()
         self._dense = None
         self._journal.finish_roll_back(pending)
@@ -2706,3 +2716,20 @@ class HybridIndex:
             )
         retriever = self.as_retriever(mode=mode, similarity_top_k=similarity_top_k, **retriever_kwargs)
         return RetrieverQueryEngine.from_args(retriever, llm=llm, **engine_kwargs_for(llm, engine_kwargs))
+
+    def as_chat_engine(
+        self, chat_mode: Any = "condense_plus_context", llm: Any = None, mode: str = "hybrid", similarity_top_k: int = 5, **kwargs: Any
+    ) -> Any:
+        """One of LlamaIndex's chat engines over this index, as ``BaseIndex.as_chat_engine`` builds them:
+        ``chat_mode`` ``"condense_plus_context"`` (default; LlamaIndex's ``"best"`` is the same) or
+        ``"context"`` over :meth:`as_retriever` (``mode``, ``similarity_top_k``), or
+        ``"condense_question"`` over :meth:`as_query_engine`; LlamaIndex's ``ChatMode`` members work
+        too. ``llm`` defaults to ``Settings.llm``. Retriever options go to the retriever (and, for
+        ``condense_question``, ``RetrieverQueryEngine.from_args`` options to the query engine), the
+        chat engine's ``from_defaults`` options (``node_postprocessors``, ``system_prompt``,
+        ``memory``, ...) to it; a keyword none takes is refused (``TypeError``), never dropped.
+        Modes that never read the index (``simple``, ``react``, ``openai``) are refused saying what to
+        build instead (see :mod:`.chat_engines`)."""
+        from .chat_engines import build_chat_engine
+
+        return build_chat_engine(self, chat_mode, llm, mode, similarity_top_k, kwargs)

@@ -3,13 +3,16 @@
 ``HybridIndex`` holds the write side while an update changes Qdrant, BM25 and the docstore, and
 the queries that read Qdrant directly hold the read side, so a query sees the index before or
 after an update, never a mix (Qdrant points are overwritten in place, BM25 swaps snapshots).
+Both sides take an optional ``timeout`` (seconds; None: wait forever), past which they raise
+:class:`TimeoutError` (``_files.folder_lock`` uses it to give up on a folder held too long).
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator, Optional
 
 
 class ReadWriteLock:
@@ -26,16 +29,30 @@ class ReadWriteLock:
         self._write_depth = 0
         self._waiting_writers = 0
 
+    def _wait_while(self, blocked: Callable[[], bool], timeout: Optional[float], side: str) -> None:
+        """With the condition held: wait while ``blocked()``, at most ``timeout`` seconds (None:
+        forever; 0: no wait), then :class:`TimeoutError` naming the ``side`` asked for."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while blocked():
+            if deadline is None:
+                self._cond.wait()
+                continue
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                held_by = "a writer holds it or waits for it" if side == "read" else "a writer or readers hold it"
+                raise TimeoutError(f"could not take the {side} side of the lock within {timeout:g} s: {held_by}")
+            self._cond.wait(remaining)
+
     @contextmanager
-    def read(self) -> Iterator[None]:
-        """Hold the read side for the ``with`` block (free inside the writer's own thread)."""
+    def read(self, timeout: Optional[float] = None) -> Iterator[None]:
+        """Hold the read side for the ``with`` block (free inside the writer's own thread), waiting
+        at most ``timeout`` seconds for a writer (None: forever), then :class:`TimeoutError`."""
         me = threading.get_ident()
         with self._cond:
             if self._writer == me:  # the writer reading its own state
                 owned = False
             else:
-                while self._writer is not None or self._waiting_writers:
-                    self._cond.wait()
+                self._wait_while(lambda: self._writer is not None or bool(self._waiting_writers), timeout, "read")
                 self._readers += 1
                 owned = True
         try:
@@ -48,8 +65,9 @@ class ReadWriteLock:
                         self._cond.notify_all()
 
     @contextmanager
-    def write(self) -> Iterator[None]:
-        """Hold the write side for the ``with`` block (re-entrant in the same thread)."""
+    def write(self, timeout: Optional[float] = None) -> Iterator[None]:
+        """Hold the write side for the ``with`` block (re-entrant in the same thread), waiting at
+        most ``timeout`` seconds for the holders (None: forever), then :class:`TimeoutError`."""
         me = threading.get_ident()
         with self._cond:
             if self._writer == me:
@@ -57,8 +75,10 @@ class ReadWriteLock:
             else:
                 self._waiting_writers += 1
                 try:
-                    while self._writer is not None or self._readers:
-                        self._cond.wait()
+                    self._wait_while(lambda: self._writer is not None or bool(self._readers), timeout, "write")
+                except TimeoutError:
+                    self._cond.notify_all()  # readers held back by this waiting writer go on
+                    raise
                 finally:
                     self._waiting_writers -= 1
                 self._writer, self._write_depth = me, 1

@@ -124,6 +124,13 @@ def rerank_probability(result: NodeWithScore) -> Optional[float]:
     return None if result.score is None else float(result.score)
 
 
+def score_order(nodes: Sequence[NodeWithScore]) -> List[NodeWithScore]:
+    """The results best first by score (stable; results without a score last), as a retriever or a
+    reranker returns them: what the gate reads, whatever order a postprocessor before it chose for
+    presentation (LlamaIndex's ``LongContextReorder`` puts the second best last)."""
+    return sorted(nodes, key=lambda n: (n.score is None, -(n.score or 0.0)))
+
+
 def detect_feature_set(nodes: Sequence[NodeWithScore]) -> FeatureSet:
     """The richest feature set the results support."""
     if nodes and all(rerank_probability(n) is not None for n in nodes):
@@ -547,7 +554,7 @@ class NoAnswerPostprocessor(StrictOptions, BaseNodePostprocessor):
     feature_top_k: Optional[int] = Field(
         default=None,
         ge=1,
-        description="The model reads the first this many results of a query (set by fit: the most results a calibration "
+        description="The model reads the best this many results of a query by score (set by fit: the most results a calibration "
         "query had); later ones pass through unread, so a larger similarity_top_k than at calibration leaves the "
         "confidence unchanged. None (gates saved before this field): every result given.",
     )
@@ -591,8 +598,8 @@ class NoAnswerPostprocessor(StrictOptions, BaseNodePostprocessor):
         (or retriever + reranker) of this package returned them. Other keywords are fields
         (``no_answer_text``, ``similarity_cutoff``, ``feature_top_k``). The fit report is in ``fit_report``.
 
-        The model reads the first ``feature_top_k`` results of a query (default: the most results
-        a calibration query had), here and when it gates: its features (score gaps down to rank 5,
+        The model reads the best ``feature_top_k`` results of a query by score (:func:`score_order`;
+        default: the most results a calibration query had), here and when it gates: its features (score gaps down to rank 5,
         the legs' top-10 overlap, ...) depend on how many results it sees, and a gate calibrated on
         8 results per query and then given 30 kept 17 of the bundled 30 answerable questions
         instead of 29. Raising ``similarity_top_k`` later leaves its decisions unchanged.
@@ -619,8 +626,8 @@ class NoAnswerPostprocessor(StrictOptions, BaseNodePostprocessor):
         elif isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
             raise ValueError(f"feature_top_k must be a positive int (results the model reads per query), got {top_k!r}")
         kwargs["feature_top_k"] = top_k
-        ans = [(q, nodes[:top_k]) for q, nodes in ans]
-        una = [(q, nodes[:top_k]) for q, nodes in una]
+        ans = [(q, score_order(nodes)[:top_k]) for q, nodes in ans]
+        una = [(q, score_order(nodes)[:top_k]) for q, nodes in una]
         feature_set = _common_feature_set([nodes for _, nodes in ans + una])
         X = feature_matrix(ans + una, feature_set)
         y = np.array([1.0] * len(ans) + [0.0] * len(una))
@@ -722,7 +729,8 @@ class NoAnswerPostprocessor(StrictOptions, BaseNodePostprocessor):
                 "this NoAnswerPostprocessor has no fitted model: build it with NoAnswerPostprocessor.fit(...), "
                 ".calibrate(retriever, dataset) or .load(path)"
             )
-        nodes = list(nodes)[: self.feature_top_k]  # the results it was calibrated on (see fit); later ones unread
+        # the best feature_top_k by score, as calibrated (see fit); later ones unread, presentation order ignored
+        nodes = score_order(nodes)[: self.feature_top_k]
         if not nodes:
             return 0.0
         feature_set = FeatureSet.from_str(self.feature_set or "")
@@ -772,7 +780,7 @@ class NoAnswerPostprocessor(StrictOptions, BaseNodePostprocessor):
         return self._postprocess_nodes(nodes, query_bundle)
 
     def _close(self, query_str: str, conf: Optional[float], nodes: Sequence[NodeWithScore]) -> None:
-        best = _describe(nodes[0]) if nodes else None
+        best = _describe(score_order(nodes)[0]) if nodes else None
         _CLOSED.set(GateDecision(query_str, self.no_answer_text, float(conf if conf is not None else 0.0), self.threshold, best))
 
     # ----------------------------------------------------------------- persistence

@@ -968,6 +968,12 @@ class BM25Retriever(BaseRetriever):
         JSON is kept (shared with this index's views) and reused while the node stays indexed,
         so a persist after a small update encodes only the new nodes; the memory this takes is
         :meth:`cached_json_bytes`.
+
+        Raises:
+            FolderLockTimeout: (:class:`~llama_index_retrieval_kit._files.FolderLockTimeout`, a
+                ``TimeoutError``) another thread or process kept ``folder`` locked (persisting into
+                it, or loading it) for longer than 60 s, e.g. a process stopped half-way; none
+                of the payload was written.
         """
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
@@ -1016,6 +1022,11 @@ class BM25Retriever(BaseRetriever):
             custom_tokenizer: Required if (and only if) the index was built with one; pass the same callable.
             filters: Metadata filters for the loaded retriever (not persisted).
             similarity_top_k: Override the saved number of results per query.
+
+        Raises:
+            FolderLockTimeout: (:class:`~llama_index_retrieval_kit._files.FolderLockTimeout`, a
+                ``TimeoutError``) a persist into ``folder`` (another thread or process) kept it
+                locked for longer than 60 s, e.g. a process stopped half-way through its persist.
         """
         folder = Path(folder)
         with folder_lock(folder, shared=True):

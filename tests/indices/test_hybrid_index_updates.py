@@ -112,6 +112,8 @@ def test_delete_removes_the_document_from_every_leg(index, embed_model) -> None:
 def test_deleting_an_unknown_document_is_a_clear_error(index) -> None:
     with pytest.raises(ValueError, match=r"no document 'nope.txt' in .*known ids: \['credit_card_terms.md'"):
         index.delete("nope.txt")
+    with pytest.raises(TypeError, match=r"delete takes one document id \(a str\), got list \['nope.txt'\]: for several"):
+        index.delete(["nope.txt"])  # was Python's bare "unhashable type: 'list'"
     index.delete(CHANGED_DOC)
     with pytest.raises(ValueError, match=f"no document '{CHANGED_DOC}'"):
         index.delete(CHANGED_DOC)  # a second delete of the same document

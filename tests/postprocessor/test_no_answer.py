@@ -428,3 +428,27 @@ def test_on_a_small_set_the_floor_is_an_observed_answerable_score() -> None:
     assert gate.min_top_score == tops[0]
     assert all(gate.confidence(nodes, q) > 0 for q, nodes in answerable)
     assert gate.threshold > 0.0
+
+
+def test_presentation_order_before_the_gate_changes_no_decision(gate: NoAnswerPostprocessor, sample_index: HybridIndex) -> None:
+    """The gate reads the best feature_top_k results by score: LlamaIndex's LongContextReorder (the
+    second best put last) or any shuffle before it leaves every confidence unchanged. Before, it read
+    the first five of the reordered list (the 2nd and 4th best missing, lower ones read instead)."""
+    from llama_index.core.postprocessor import LongContextReorder
+
+    dataset = load_jsonl(QUESTIONS_FILE)
+    retriever = sample_index.as_retriever("hybrid", similarity_top_k=10)  # more results than the gate reads (5)
+    shuffler = random.Random(7)
+    moved = 0
+    for qid in dataset.queries:
+        q = dataset.queries[qid]
+        nodes = retriever.retrieve(q)
+        reordered = LongContextReorder().postprocess_nodes(nodes)
+        shuffled = shuffler.sample(nodes, len(nodes))
+        moved += [n.node.node_id for n in reordered[:5]] != [n.node.node_id for n in nodes[:5]]
+        expected = gate.confidence(nodes, q)
+        assert gate.confidence(reordered, q) == expected
+        assert gate.confidence(shuffled, q) == expected
+        decided = bool(gate.postprocess_nodes(nodes, query_str=q))
+        assert bool(gate.postprocess_nodes(reordered, query_str=q)) == decided
+    assert moved == len(dataset.queries)  # the reorder changed what "the first five" were for every question
