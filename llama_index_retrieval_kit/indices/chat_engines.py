@@ -71,7 +71,14 @@ def split_chat_engine_kwargs(mode: str, chat_mode: ChatEngineMode, kwargs: Dict[
     """Split ``as_chat_engine`` keywords into (the retriever's, or with ``condense_question`` the query
     engine's, keywords; the chat engine's). A keyword both take (``verbose``) goes to both; one that
     none takes raises a TypeError listing what each takes."""
-    from .hybrid_index import COMMON_RETRIEVER_OPTIONS, RETRIEVER_OPTIONS, query_engine_options, split_query_engine_kwargs
+    from .hybrid_index import (
+        COMMON_RETRIEVER_OPTIONS,
+        RETRIEVER_OPTIONS,
+        check_node_postprocessors,
+        check_retriever_mode,
+        query_engine_options,
+        split_query_engine_kwargs,
+    )
 
     chat_names = chat_engine_options(chat_mode)
     below_names = set(COMMON_RETRIEVER_OPTIONS) | set().union(*RETRIEVER_OPTIONS.values())
@@ -85,8 +92,6 @@ def split_chat_engine_kwargs(mode: str, chat_mode: ChatEngineMode, kwargs: Dict[
         if name in chat_names:
             chat[name] = value
         if name not in below_names and name not in chat_names:
-            from .hybrid_index import check_retriever_mode
-
             takers = [f"the {mode!r} retriever ({', '.join(COMMON_RETRIEVER_OPTIONS + RETRIEVER_OPTIONS[check_retriever_mode(mode)])})"]
             if chat_mode is ChatEngineMode.CONDENSE_QUESTION:
                 takers.append(f"RetrieverQueryEngine.from_args ({', '.join(query_engine_options())})")
@@ -94,7 +99,8 @@ def split_chat_engine_kwargs(mode: str, chat_mode: ChatEngineMode, kwargs: Dict[
             raise TypeError(
                 f"as_chat_engine() got an unexpected keyword argument {name!r}: neither {' nor '.join(takers)} takes it"
             )
-    split_query_engine_kwargs(mode, {k: v for k, v in below.items()})  # the retriever options this mode refuses
+    split_query_engine_kwargs(mode, below)  # the retriever options this mode refuses, the query engine's checks
+    check_node_postprocessors(chat.get("node_postprocessors"))
     return below, chat
 
 

@@ -737,11 +737,46 @@ def query_engine_options() -> tuple[str, ...]:
     )
 
 
+def check_node_postprocessors(value: Any) -> None:
+    """A TypeError unless ``value`` is None or a list (tuple) of LlamaIndex node postprocessors:
+    LlamaIndex takes anything and fails later (one postprocessor not in a list: "'tuple' object
+    has no attribute 'callback_manager'"; a function: at the first query)."""
+    from llama_index.core.postprocessor.types import BaseNodePostprocessor
+
+    if value is None:
+        return
+    if isinstance(value, BaseNodePostprocessor):
+        raise TypeError(f"node_postprocessors takes a list: pass node_postprocessors=[{type(value).__name__}(...)]")
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(f"node_postprocessors must be a list of LlamaIndex node postprocessors, got {type(value).__name__}")
+    for i, item in enumerate(value):
+        if not isinstance(item, BaseNodePostprocessor):
+            raise TypeError(
+                f"node_postprocessors[{i}] is {type(item).__name__}, not a LlamaIndex BaseNodePostprocessor "
+                "(e.g. NoAnswerPostprocessor, CrossEncoderReranker, ContextAssembler, SimilarityPostprocessor)"
+            )
+
+
+def check_prompt_templates(engine_kwargs: Dict[str, Any]) -> None:
+    """A TypeError for a ``*_template`` option of ``RetrieverQueryEngine.from_args`` that is not a
+    LlamaIndex prompt template (a str fails only at the first query in LlamaIndex)."""
+    from llama_index.core.prompts.base import BasePromptTemplate
+
+    for name, value in engine_kwargs.items():
+        if name.endswith("_template") and value is not None and not isinstance(value, BasePromptTemplate):
+            raise TypeError(
+                f"{name} must be a LlamaIndex prompt template, e.g. PromptTemplate(\"... {{context_str}} ... {{query_str}} ...\"), "
+                f"got {type(value).__name__}"
+            )
+
+
 def split_query_engine_kwargs(mode: str, kwargs: Dict[str, Any]) -> tuple[Dict[str, Any], Dict[str, Any]]:
     """Split ``as_query_engine`` keywords into (retriever options, query-engine options).
 
     ``callback_manager`` and ``verbose`` go to both (as in LlamaIndex); a keyword that neither
-    the retriever of ``mode`` nor ``RetrieverQueryEngine.from_args`` uses raises a TypeError.
+    the retriever of ``mode`` nor ``RetrieverQueryEngine.from_args`` uses raises a TypeError, and so
+    do postprocessors or prompt templates LlamaIndex would fail on only later
+    (:func:`check_node_postprocessors`, :func:`check_prompt_templates`).
     """
     engine_names = query_engine_options()
     retriever_names = set(COMMON_RETRIEVER_OPTIONS) | set().union(*RETRIEVER_OPTIONS.values())
@@ -759,6 +794,8 @@ def split_query_engine_kwargs(mode: str, kwargs: Dict[str, Any]) -> tuple[Dict[s
                 f"RetrieverQueryEngine.from_args ({', '.join(engine_names)}) takes it"
             )
     check_retriever_options(mode, {k: v for k, v in retriever_kwargs.items() if k not in COMMON_RETRIEVER_OPTIONS})
+    check_node_postprocessors(engine_kwargs.get("node_postprocessors"))
+    check_prompt_templates(engine_kwargs)
     return retriever_kwargs, engine_kwargs
 
 

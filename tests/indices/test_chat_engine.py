@@ -91,3 +91,22 @@ def test_an_llm_is_required(index: HybridIndex, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(Settings, "_llm", None)
     with pytest.raises(ValueError, match="as_chat_engine needs an LLM"):
         index.as_chat_engine()
+
+
+def test_postprocessors_and_templates_llamaindex_would_fail_on_later_are_refused_up_front(index: HybridIndex) -> None:
+    """LlamaIndex builds these engines and fails later: one postprocessor not in a list with
+    "'tuple' object has no attribute 'callback_manager'", a function or a str template at the first query."""
+    from llama_index.core.prompts import PromptTemplate
+
+    assembler = ContextAssembler(max_tokens=100)
+    with pytest.raises(TypeError, match=r"node_postprocessors takes a list: pass node_postprocessors=\[ContextAssembler\(...\)\]"):
+        index.as_query_engine(llm=MockLLM(), node_postprocessors=assembler)
+    with pytest.raises(TypeError, match=r"node_postprocessors\[1\] is function, not a LlamaIndex BaseNodePostprocessor"):
+        index.as_chat_engine(chat_mode="context", llm=MockLLM(), node_postprocessors=[assembler, lambda nodes: nodes])
+    with pytest.raises(TypeError, match=r"text_qa_template must be a LlamaIndex prompt template.*got str"):
+        index.as_query_engine(llm=MockLLM(), text_qa_template="Context: {context_str}\nQ: {query_str}")
+    with pytest.raises(TypeError, match="node_postprocessors takes a list"):
+        index.as_chat_engine(chat_mode="condense_question", llm=MockLLM(), node_postprocessors=assembler)
+    template = PromptTemplate("Context: {context_str}\nQ: {query_str}\nA: ")
+    engine = index.as_query_engine(llm=MockLLM(max_tokens=3), node_postprocessors=(assembler,), text_qa_template=template)
+    assert engine.query(QUESTION).source_nodes  # a tuple of postprocessors and a real template work
