@@ -65,7 +65,9 @@ EXPECTED: Dict[str, Dict[str, Any]] = {
     "06_query_and_chat_engine.ipynb": {
         "figures": 0,
         "text": ["no_answer: True | confidence", "I could not find the answer to this question in the indexed documents.",
-                 "LLM calls this turn: {'condense': 1}", "LLM called: False", "late payment fee of up to $40"],
+                 "LLM calls this turn: {'condense': 1}", "late payment fee of up to $40",
+                 "[condense_plus_context] I could not find the answer", "[context] I could not find the answer",
+                 "LLM calls this turn: none"],
     },
 }
 
