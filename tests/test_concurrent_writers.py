@@ -27,7 +27,8 @@ import pytest
 from llama_index.core import Document
 from llama_index.core.schema import TextNode
 
-from llama_index_retrieval_kit._files import FolderLockTimeout, folder_lock
+from llama_index_retrieval_kit._files import folder_lock
+from llama_index_retrieval_kit.indices import FolderLockTimeout
 from llama_index_retrieval_kit.indices import HybridIndex, IndexBeingPublishedError, IndexWriteLockedError
 from llama_index_retrieval_kit.indices import embedding_cache as embedding_cache_module
 from llama_index_retrieval_kit.indices import hybrid_index as hybrid_index_module

@@ -24,6 +24,7 @@ _EXPORTS = {
     "DamagedIndexError": ".storage",
     "IndexReadOnlyError": ".storage",
     "IndexWriteLockedError": ".storage",
+    "FolderLockTimeout": ".._files",
     "EdgePoints": ".store",
     "ServerPoints": ".store",
 }
@@ -44,6 +45,7 @@ __all__ = [
     "DamagedIndexError",
     "IndexReadOnlyError",
     "IndexWriteLockedError",
+    "FolderLockTimeout",
     "EmbeddingCache",
     "embed_texts",
     "EdgePoints",
@@ -53,6 +55,7 @@ __all__ = [
 __getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
 
 if TYPE_CHECKING:  # the real imports, for type checkers and IDEs
+    from .._files import FolderLockTimeout
     from .embedding_cache import EmbeddingCache, InterruptedCacheWriteError, embed_texts
     from .hybrid_index import (
         RETRIEVER_MODES,
