@@ -300,7 +300,7 @@ class RetrieverConfig(_Section):
 
     mode: str = Field(default="hybrid", description="Retriever mode (indices.RETRIEVER_MODES).")
     similarity_top_k: StrictInt = Field(default=5, ge=1, description="Results returned.")
-    candidate_top_k: Optional[StrictInt] = Field(default=None, ge=1, description="Depth of each leg before fusion (default 100).")
+    candidate_top_k: Optional[StrictInt] = Field(default=None, ge=1, description="Depth of each leg before fusion (default: the mode's own, 200 for hybrid, 100 otherwise).")
     weights: Optional[List[Number]] = Field(default=None, description="Leg weights [bm25, dense]; mode 'hybrid' also takes [bm25, dense, feedback].")
     rrf_k: Optional[Number] = Field(default=None, ge=0, description="RRF constant k (default 60).")
     dense_search: Optional[str] = Field(default=None, description="Dense leg: 'memory', 'qdrant' or 'auto' (a server: Qdrant, else memory).")

@@ -25,7 +25,7 @@ LlamaIndex's default ``SentenceSplitter``, unless a YAML file says otherwise::
       chunk_overlap: 16
     embed_model: sentence-transformers/all-MiniLM-L6-v2   # kinds with a dense leg
     similarity_top_k: 10             # optional: default = enough for the largest k
-    candidate_top_k: 100             # hybrid kinds: depth of each leg before fusion
+    candidate_top_k: 100             # hybrid kinds: depth of each leg before fusion (default: the index's, 200 for hybrid, 100 otherwise)
     rrf_k: 60                        # hybrid_rrf, qdrant_hybrid
     weights: [1.0, 1.0]              # hybrid, hybrid_score, hybrid_rrf: [bm25, dense]; hybrid also [bm25, dense, feedback]
     bm25: {k1: 1.2, b: 0.75}         # bm25 and the hybrid kinds
@@ -116,7 +116,7 @@ class EvalConfig:
     parser_args: Mapping[str, Any] = field(default_factory=dict)
     embed_model: str = DEFAULT_EMBED_MODEL
     similarity_top_k: int | None = None
-    candidate_top_k: int = 100
+    candidate_top_k: int | None = None  # None: the HybridIndex mode's own default (what users get)
     rrf_k: float = 60.0
     weights: tuple[float, ...] | None = None
     bm25_k1: float = 1.2

@@ -796,10 +796,10 @@ class _JobRun:
 
             mode = HYBRID_INDEX_MODES[config.retriever]
             options = {"candidate_top_k": config.candidate_top_k, "rrf_k": config.rrf_k, "weights": config.weights}
-            retriever = self.indexes[build.key].as_retriever(
+            retriever = self.indexes[build.key].as_retriever(  # an option left unset is the mode's own default
                 mode=mode,
                 similarity_top_k=depth,
-                **{k: v for k, v in options.items() if k in RETRIEVER_OPTIONS[mode]},
+                **{k: v for k, v in options.items() if k in RETRIEVER_OPTIONS[mode] and v is not None},
             )
             return retriever, build
         if config.retriever == "bm25":  # the same retriever as a HybridIndex's sparse leg

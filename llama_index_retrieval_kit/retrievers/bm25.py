@@ -970,10 +970,10 @@ class BM25Retriever(BaseRetriever):
         :meth:`cached_json_bytes`.
 
         Raises:
-            FolderLockTimeout: (:class:`~llama_index_retrieval_kit._files.FolderLockTimeout`, a
-                ``TimeoutError``) another thread or process kept ``folder`` locked (persisting into
-                it, or loading it) for longer than 60 s, e.g. a process stopped half-way; none
-                of the payload was written.
+            FolderLockTimeout: (:class:`llama_index_retrieval_kit.indices.FolderLockTimeout`, a
+                ``RuntimeError``, not an ``OSError``) another thread or process kept ``folder``
+                locked (persisting into it, or loading it) for longer than 60 s, e.g. a process
+                stopped half-way; none of the payload was written.
         """
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
@@ -1024,9 +1024,10 @@ class BM25Retriever(BaseRetriever):
             similarity_top_k: Override the saved number of results per query.
 
         Raises:
-            FolderLockTimeout: (:class:`~llama_index_retrieval_kit._files.FolderLockTimeout`, a
-                ``TimeoutError``) a persist into ``folder`` (another thread or process) kept it
-                locked for longer than 60 s, e.g. a process stopped half-way through its persist.
+            FolderLockTimeout: (:class:`llama_index_retrieval_kit.indices.FolderLockTimeout`, a
+                ``RuntimeError``, not an ``OSError``) a persist into ``folder`` (another thread or
+                process) kept it locked for longer than 60 s, e.g. a process stopped half-way
+                through its persist.
         """
         folder = Path(folder)
         with folder_lock(folder, shared=True):

@@ -555,3 +555,19 @@ def test_an_eval_config_keeps_its_own_parser_args() -> None:
     direct = EvalConfig(name="d", retriever="hybrid", node_parser="SectionWindowNodeParser", parser_args=args)
     args["heading_patterns"].append("^Y")
     assert direct.parser_args == {"heading_patterns": ["^X"]}
+
+
+def test_the_hybrid_config_evaluates_the_index_default_hybrid(tmp_path: Path) -> None:
+    """A config that does not set candidate_top_k evaluates what `as_retriever("hybrid")` gives
+    users (its feedback fusion reads 200 candidates per leg). Before, the job passed 100 and 28 of
+    the 38 bundled questions ranked otherwise than the default over 206 chunks."""
+    small = {"chunk_size": 32, "chunk_overlap": 0}  # more chunks than 100, so the depth matters
+    configs = [
+        EvalConfig(name=name, retriever="hybrid", node_parser="SectionWindowNodeParser", parser_args=small, **extra)
+        for name, extra in (("unset", {}), ("two-hundred", {"candidate_top_k": 200}), ("one-hundred", {"candidate_top_k": 100}))
+    ]
+    assert configs[0].candidate_top_k is None
+    result = run_eval(QUESTIONS_FILE, configs, tmp_path / "out", embed_model=shared_embed_model(), relevance="node", show_progress=False)
+    rankings = {name: {q: e.ranking for q, e in result.evaluations[name].per_query.items()} for name in ("unset", "two-hundred", "one-hundred")}
+    assert rankings["unset"] == rankings["two-hundred"]
+    assert sum(rankings["unset"][q] != rankings["one-hundred"][q] for q in rankings["unset"]) > 0
