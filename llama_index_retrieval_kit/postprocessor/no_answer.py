@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
-from llama_index.core.bridge.pydantic import Field, PrivateAttr
+from llama_index.core.bridge.pydantic import Field
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
@@ -561,8 +561,6 @@ class NoAnswerPostprocessor(StrictOptions, BaseNodePostprocessor):
     no_answer_text: str = Field(default=DEFAULT_NO_ANSWER_TEXT, description="Response text when the gate closes in a query engine.")
     fit_report: Optional[Dict[str, Any]] = Field(default=None, description="Calibration report: AUROC, abstention precision/recall, threshold.")
 
-    _last_confidence: Optional[float] = PrivateAttr(default=None)
-
     @classmethod
     def class_name(cls) -> str:
         return "NoAnswerPostprocessor"
@@ -743,14 +741,20 @@ class NoAnswerPostprocessor(StrictOptions, BaseNodePostprocessor):
         self, nodes: List[NodeWithScore], query_bundle: Optional[QueryBundle] = None
     ) -> List[NodeWithScore]:
         if not tracing_enabled():
-            return self._gate(nodes, query_bundle)
+            return self._gate(nodes, query_bundle)[0]
         started = time.perf_counter()
-        kept = self._gate(nodes, query_bundle)
-        trace_gate(self, nodes, kept, query_bundle, started, confidence=self._last_confidence)
+        kept, conf = self._gate(nodes, query_bundle)
+        trace_gate(self, nodes, kept, query_bundle, started, confidence=conf)
         return kept
 
-    def _gate(self, nodes: List[NodeWithScore], query_bundle: Optional[QueryBundle] = None) -> List[NodeWithScore]:
-        """The gate's decision: ``[]`` when closed, else the nodes (minus those below ``similarity_cutoff``)."""
+    def _gate(
+        self, nodes: List[NodeWithScore], query_bundle: Optional[QueryBundle] = None
+    ) -> Tuple[List[NodeWithScore], Optional[float]]:
+        """The gate's decision: ``[]`` when closed, else the nodes (minus those below
+        ``similarity_cutoff``); and the confidence it read (None without a fitted model).
+
+        The confidence is returned, never kept on the gate: one gate serves concurrent queries
+        (a thread pool), and each query's trace must record its own."""
         query_str = query_bundle.query_str if query_bundle is not None else ""
         kept = list(nodes)
         if self.similarity_cutoff is not None:
@@ -762,15 +766,14 @@ class NoAnswerPostprocessor(StrictOptions, BaseNodePostprocessor):
                 )
             if nodes and not kept:
                 self._close(query_str, None, nodes)
-            return kept
+            return kept, None
         conf = self.confidence(nodes, query_str)
-        self._last_confidence = conf
         if conf < self.threshold or (nodes and not kept):
             self._close(query_str, conf, nodes)
             logger.debug("no-answer gate closed for %r: confidence %.3f < %.3f", query_str[:80], conf, self.threshold)
-            return []
+            return [], conf
         _CLOSED.set(None)
-        return kept
+        return kept, conf
 
     async def _apostprocess_nodes(
         self, nodes: List[NodeWithScore], query_bundle: Optional[QueryBundle] = None
