@@ -1449,11 +1449,13 @@ class _Open:
     """A trace being collected in one context (its stages so far, as handed on), and the one it
     interrupted. The :class:`QueryTrace` is made when it closes."""
 
-    __slots__ = ("query_str", "span_id", "owner", "previous", "entries", "started_at", "started")
+    __slots__ = ("query_str", "span_id", "owner", "previous", "entries", "started_at", "started", "inner")
 
     def __init__(self, query_str: Optional[str], span_id: Optional[str], owner: Optional[str], previous: Optional["_Open"]) -> None:
         self.query_str, self.span_id, self.owner, self.previous = query_str, span_id, owner, previous
         self.entries: List[Union[Spec, StageTrace]] = []
+        #: the attached dict of the last query that finished inside this one (a chat turn over a query engine)
+        self.inner: Optional[Dict[str, Any]] = None
         self.started_at = datetime.now()
         self.started = time.perf_counter()
 
@@ -1631,11 +1633,14 @@ class TraceCollector(BaseEventHandler):
     def _chat_end(self, span_id: str, response: Any) -> None:
         """The chat turn's span ended: close its trace (attached to an ``AgentChatResponse``). A
         turn that traced nothing itself (a chat engine over a query engine: the query has its own
-        trace) is forgotten, not written as an empty trace."""
+        trace) is not written as an empty trace; its reply gets the query's attached trace."""
         current = self.__pydantic_private__["_current"]
         open_ = current.get()
         if open_ is not None and open_.owner == span_id and not open_.entries:
             current.set(open_.previous)
+            if open_.inner is not None and self.attach and response is not None and hasattr(response, "metadata"):
+                # the turn's trace is its query's (CondenseQuestionChatEngine over a query engine)
+                response.metadata = {**(response.metadata or {}), "trace": open_.inner}
             return
         self._end(span_id, response, query_end=False)
 
@@ -1674,6 +1679,8 @@ class TraceCollector(BaseEventHandler):
         if self.attach and response is not None and hasattr(response, "metadata"):
             data = trace.to_dict()
             response.metadata = {**(response.metadata or {}), "trace": data}  # as attach_trace, without its copy
+            if open_.previous is not None:  # a chat turn around this query attaches it too (see _chat_end)
+                open_.previous.inner = data
         self._finish(trace, data)
 
     def _finish(self, trace: QueryTrace, data: Optional[Dict[str, Any]] = None) -> None:

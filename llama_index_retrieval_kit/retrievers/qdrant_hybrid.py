@@ -30,6 +30,7 @@ query (``plan_search``) and renders filter and query for Qdrant Edge or qdrant-c
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
 import logging
@@ -227,7 +228,29 @@ def points_store(client: Any, collection_name: Optional[str]) -> Any:
     return ServerPoints(client, collection_name)
 
 
-class QdrantHybridRetriever(CheckedQueryMixin, BaseRetriever):
+class _EngineSearchMixin:
+    """What the retrievers searching Qdrant share: ``filters`` validated when assigned (as the
+    other retrievers' are), and ``aretrieve`` run in a worker thread: a query waits for the index's
+    read guard (an in-process upsert or purge holds it for up to seconds) and for the engine's
+    answer (a server's network round trip) there, never on the event loop."""
+
+    _point_filter: Optional[Callable[[MetadataFilters], Any]]
+    _filter_builder: Optional[Callable[[VectorStoreQuery], Any]]
+
+    @property
+    def filters(self) -> Optional[MetadataFilters]:
+        """The metadata filters of every query (validated when assigned)."""
+        return self._filters
+
+    @filters.setter
+    def filters(self, filters: Optional[MetadataFilters]) -> None:
+        self._filters = check_filter_source(filters, self._point_filter, self._filter_builder)
+
+    async def _aretrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
+        return await asyncio.to_thread(self._retrieve, query_bundle)  # type: ignore[attr-defined]
+
+
+class QdrantHybridRetriever(_EngineSearchMixin, CheckedQueryMixin, BaseRetriever):
     """Hybrid retrieval fused by Qdrant itself (scales out with a Qdrant server or cluster).
 
     Args:
@@ -359,7 +382,7 @@ class QdrantHybridRetriever(CheckedQueryMixin, BaseRetriever):
         return found, fused_with_legs(found, [node for _, node in pairs])
 
 
-class QdrantDenseRetriever(CheckedQueryMixin, BaseRetriever):
+class QdrantDenseRetriever(_EngineSearchMixin, CheckedQueryMixin, BaseRetriever):
     """Dense search run by Qdrant (``query_points`` on the dense vector), cosine scores.
 
     The dense leg of a ``HybridIndex`` on a Qdrant server. Filters work as in

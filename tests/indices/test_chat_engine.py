@@ -110,3 +110,22 @@ def test_postprocessors_and_templates_llamaindex_would_fail_on_later_are_refused
     template = PromptTemplate("Context: {context_str}\nQ: {query_str}\nA: ")
     engine = index.as_query_engine(llm=MockLLM(max_tokens=3), node_postprocessors=(assembler,), text_qa_template=template)
     assert engine.query(QUESTION).source_nodes  # a tuple of postprocessors and a real template work
+
+
+@pytest.mark.parametrize("chat_mode", ["condense_plus_context", "context", "condense_question"])
+def test_every_chat_mode_attaches_its_turn_trace_to_the_reply(index: HybridIndex, chat_mode: str, tmp_path: Path) -> None:
+    """Each turn's reply carries one trace of its stages, and the JSON lines hold one line per turn.
+    Before, a condense_question reply had none (the trace was only on the inner query's Response)."""
+    from llama_index_retrieval_kit.tracing import JsonlTraceWriter, read_traces
+
+    path = tmp_path / "traces.jsonl"
+    writer = JsonlTraceWriter(path=str(path))
+    with writer:
+        reply = index.as_chat_engine(chat_mode=chat_mode, llm=MockLLM(max_tokens=5), similarity_top_k=3).chat(QUESTION)
+    writer.close()
+    trace = reply.metadata["trace"]
+    assert [s["name"] for s in trace["stages"]][-1] == "fusion" and trace["query_str"]
+    lines = read_traces(path)
+    assert len(lines) == 1 and lines[0].trace_id == trace["trace_id"]
+    if chat_mode == "condense_question":
+        assert reply.sources[0].raw_output.metadata["trace"] is trace
