@@ -28,18 +28,7 @@ from llama_index_retrieval_kit.tracing import JsonlTraceWriter, QueryTrace, Trac
 from .indices import _support
 from .postprocessor._cross_encoder_folder import build_tiny_cross_encoder
 
-#: Every kind of retriever ``as_retriever`` builds: (mode, options).
-RETRIEVERS = [
-    ("sparse", {}),
-    ("dense", {}),
-    ("dense", {"dense_search": "qdrant"}),
-    ("hybrid", {}),
-    ("hybrid_score", {}),
-    ("hybrid_rrf", {}),
-    ("hybrid", {"dense_search": "qdrant"}),
-    ("hybrid_rrf", {"dense_search": "qdrant"}),
-    ("qdrant_hybrid", {}),
-]
+RETRIEVERS = _support.RETRIEVER_KINDS
 IDS = [f"{mode}-{options.get('dense_search', 'auto')}" for mode, options in RETRIEVERS]
 FILTERS = {
     "none": None,

@@ -23,18 +23,7 @@ from llama_index_retrieval_kit.retrievers.checks import check_not_blank
 
 from .indices import _support
 
-#: Every kind of retriever ``as_retriever`` builds: (mode, options).
-RETRIEVERS = [
-    ("sparse", {}),
-    ("dense", {}),
-    ("dense", {"dense_search": "qdrant"}),
-    ("hybrid", {}),
-    ("hybrid_score", {}),
-    ("hybrid_rrf", {}),
-    ("hybrid", {"dense_search": "qdrant"}),
-    ("hybrid_rrf", {"dense_search": "qdrant"}),
-    ("qdrant_hybrid", {}),
-]
+RETRIEVERS = _support.RETRIEVER_KINDS
 BLANKS = ["", " ", "   ", "\n\t", "\u3000"]
 WITH_A_DENSE_LEG = [r for r in RETRIEVERS if r[0] != "sparse"]
 

@@ -71,34 +71,17 @@ def split_chat_engine_kwargs(mode: str, chat_mode: ChatEngineMode, kwargs: Dict[
     """Split ``as_chat_engine`` keywords into (the retriever's, or with ``condense_question`` the query
     engine's, keywords; the chat engine's). A keyword both take (``verbose``) goes to both; one that
     none takes raises a TypeError listing what each takes."""
-    from .hybrid_index import (
-        COMMON_RETRIEVER_OPTIONS,
-        RETRIEVER_OPTIONS,
-        check_node_postprocessors,
-        check_retriever_mode,
-        query_engine_options,
-        split_query_engine_kwargs,
-    )
+    from .hybrid_index import check_node_postprocessors, query_engine_options, retriever_taker, route_keywords, split_query_engine_kwargs
 
+    takers = [retriever_taker(mode)]
+    if chat_mode is ChatEngineMode.CONDENSE_QUESTION:  # the chat engine wraps as_query_engine: its options too
+        engine_names = query_engine_options()
+        takers.append(("RetrieverQueryEngine.from_args", engine_names, engine_names))
     chat_names = chat_engine_options(chat_mode)
-    below_names = set(COMMON_RETRIEVER_OPTIONS) | set().union(*RETRIEVER_OPTIONS.values())
-    if chat_mode is ChatEngineMode.CONDENSE_QUESTION:
-        below_names |= set(query_engine_options())
-    below: Dict[str, Any] = {}
-    chat: Dict[str, Any] = {}
-    for name, value in kwargs.items():
-        if name in below_names:
-            below[name] = value
-        if name in chat_names:
-            chat[name] = value
-        if name not in below_names and name not in chat_names:
-            takers = [f"the {mode!r} retriever ({', '.join(COMMON_RETRIEVER_OPTIONS + RETRIEVER_OPTIONS[check_retriever_mode(mode)])})"]
-            if chat_mode is ChatEngineMode.CONDENSE_QUESTION:
-                takers.append(f"RetrieverQueryEngine.from_args ({', '.join(query_engine_options())})")
-            takers.append(f"{chat_engine_class(chat_mode).__name__}.from_defaults ({', '.join(chat_names)})")
-            raise TypeError(
-                f"as_chat_engine() got an unexpected keyword argument {name!r}: neither {' nor '.join(takers)} takes it"
-            )
+    *routed, chat = route_keywords(
+        "as_chat_engine", kwargs, [*takers, (f"{chat_engine_class(chat_mode).__name__}.from_defaults", chat_names, chat_names)]
+    )
+    below = {name: value for part in routed for name, value in part.items()}
     split_query_engine_kwargs(mode, below)  # the retriever options this mode refuses, the query engine's checks
     check_node_postprocessors(chat.get("node_postprocessors"))
     return below, chat

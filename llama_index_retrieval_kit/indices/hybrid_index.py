@@ -56,7 +56,7 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Union
+from typing import Any, Callable, Collection, Dict, Iterator, List, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 from llama_index.core.base.base_retriever import BaseRetriever
@@ -770,6 +770,33 @@ def check_prompt_templates(engine_kwargs: Dict[str, Any]) -> None:
             )
 
 
+#: A keyword taker for :func:`route_keywords`: (its name in errors, the names it accepts, the names an error lists).
+KeywordTaker = tuple[str, Collection[str], Sequence[str]]
+
+
+def retriever_taker(mode: str) -> KeywordTaker:
+    """The retriever of ``mode`` as a :data:`KeywordTaker`: it accepts every mode's options (one
+    another mode uses is refused after, by :func:`check_retriever_options`, saying which modes use
+    it) and an error lists this mode's."""
+    shown = COMMON_RETRIEVER_OPTIONS + RETRIEVER_OPTIONS[check_retriever_mode(mode)]
+    return f"the {mode!r} retriever", set(COMMON_RETRIEVER_OPTIONS).union(*RETRIEVER_OPTIONS.values()), shown
+
+
+def route_keywords(caller: str, kwargs: Dict[str, Any], takers: Sequence[KeywordTaker]) -> List[Dict[str, Any]]:
+    """``kwargs`` split among ``takers``, one dict each: a keyword goes to every taker accepting it
+    (``verbose`` to the retriever and the engine, as in LlamaIndex); one none accepts is a TypeError
+    naming ``caller`` and listing what each takes (never dropped)."""
+    routed: List[Dict[str, Any]] = [{} for _ in takers]
+    for name, value in kwargs.items():
+        hits = [i for i, (_, accepted, _) in enumerate(takers) if name in accepted]
+        if not hits:
+            listed = " nor ".join(f"{who} ({', '.join(shown)})" for who, _, shown in takers)
+            raise TypeError(f"{caller}() got an unexpected keyword argument {name!r}: neither {listed} takes it")
+        for i in hits:
+            routed[i][name] = value
+    return routed
+
+
 def split_query_engine_kwargs(mode: str, kwargs: Dict[str, Any]) -> tuple[Dict[str, Any], Dict[str, Any]]:
     """Split ``as_query_engine`` keywords into (retriever options, query-engine options).
 
@@ -779,20 +806,9 @@ def split_query_engine_kwargs(mode: str, kwargs: Dict[str, Any]) -> tuple[Dict[s
     (:func:`check_node_postprocessors`, :func:`check_prompt_templates`).
     """
     engine_names = query_engine_options()
-    retriever_names = set(COMMON_RETRIEVER_OPTIONS) | set().union(*RETRIEVER_OPTIONS.values())
-    retriever_kwargs: Dict[str, Any] = {}
-    engine_kwargs: Dict[str, Any] = {}
-    for name, value in kwargs.items():
-        if name in retriever_names:
-            retriever_kwargs[name] = value
-        if name in engine_names:
-            engine_kwargs[name] = value
-        if name not in retriever_names and name not in engine_names:
-            raise TypeError(
-                f"as_query_engine() got an unexpected keyword argument {name!r}: neither the {mode!r} retriever "
-                f"({', '.join(COMMON_RETRIEVER_OPTIONS + RETRIEVER_OPTIONS[check_retriever_mode(mode)])}) nor "
-                f"RetrieverQueryEngine.from_args ({', '.join(engine_names)}) takes it"
-            )
+    retriever_kwargs, engine_kwargs = route_keywords(
+        "as_query_engine", kwargs, [retriever_taker(mode), ("RetrieverQueryEngine.from_args", engine_names, engine_names)]
+    )
     check_retriever_options(mode, {k: v for k, v in retriever_kwargs.items() if k not in COMMON_RETRIEVER_OPTIONS})
     check_node_postprocessors(engine_kwargs.get("node_postprocessors"))
     check_prompt_templates(engine_kwargs)

@@ -35,6 +35,19 @@ NEW_SENTENCE = (
 
 Ranking = List[Tuple[str, float]]
 
+#: Every kind of retriever ``as_retriever`` builds: (mode, options).
+RETRIEVER_KINDS: List[Tuple[str, Dict[str, Any]]] = [
+    ("sparse", {}),
+    ("dense", {}),
+    ("dense", {"dense_search": "qdrant"}),
+    ("hybrid", {}),
+    ("hybrid_score", {}),
+    ("hybrid_rrf", {}),
+    ("hybrid", {"dense_search": "qdrant"}),
+    ("hybrid_rrf", {"dense_search": "qdrant"}),
+    ("qdrant_hybrid", {}),
+]
+
 
 @functools.lru_cache(maxsize=1)
 def embed_model():
